@@ -1,0 +1,96 @@
+"""The contract between every part of torchport: pydantic models, no other imports of ours.
+
+JSON Schemas for the documents are generated from these models into `schemas/json/`
+(`python -m schemas.generate`).
+"""
+
+from schemas._base import SCHEMA_VERSION
+from schemas.dynamic_shapes import (
+    ArgSpec,
+    DimDeclaration,
+    DynamicShapesSpec,
+    dynamic_shapes_adapter,
+    parse_dim_expression,
+)
+from schemas.errors import ERROR_CODES, STAGES, ErrorBody, ErrorCode, SourceLocation, Stage
+from schemas.graph import (
+    Graph,
+    GraphDocument,
+    GraphNode,
+    ModuleFrame,
+    RangeConstraint,
+    TensorMeta,
+)
+from schemas.job import ArtifactRef, JobPublic, JobStatus, StageEvent
+from schemas.options import DecompositionOptions, ExportOptions, VerifyOptions
+from schemas.progress import Progress
+from schemas.report import (
+    ArtifactInfo,
+    DecompositionReport,
+    DraftIssue,
+    DynamicShapeFix,
+    DynamicShapesReport,
+    Environment,
+    ModelSummary,
+    OutputCheck,
+    ReportDocument,
+    ReportWarning,
+    RoundtripCheck,
+    SampleCheck,
+    SandboxReport,
+    StageRecord,
+    TraceAttempt,
+    TracingReport,
+    VerificationReport,
+)
+from schemas.signature import InputSpec, OutputSpec, PortabilityMapping, SignatureDocument
+
+__all__ = [
+    "ERROR_CODES",
+    "SCHEMA_VERSION",
+    "STAGES",
+    "ArgSpec",
+    "ArtifactInfo",
+    "ArtifactRef",
+    "DecompositionOptions",
+    "DecompositionReport",
+    "DimDeclaration",
+    "DraftIssue",
+    "DynamicShapeFix",
+    "DynamicShapesReport",
+    "DynamicShapesSpec",
+    "Environment",
+    "ErrorBody",
+    "ErrorCode",
+    "ExportOptions",
+    "Graph",
+    "GraphDocument",
+    "GraphNode",
+    "InputSpec",
+    "JobPublic",
+    "JobStatus",
+    "ModelSummary",
+    "ModuleFrame",
+    "OutputCheck",
+    "OutputSpec",
+    "PortabilityMapping",
+    "Progress",
+    "RangeConstraint",
+    "ReportDocument",
+    "ReportWarning",
+    "RoundtripCheck",
+    "SampleCheck",
+    "SandboxReport",
+    "SignatureDocument",
+    "SourceLocation",
+    "Stage",
+    "StageEvent",
+    "StageRecord",
+    "TensorMeta",
+    "TraceAttempt",
+    "TracingReport",
+    "VerificationReport",
+    "VerifyOptions",
+    "dynamic_shapes_adapter",
+    "parse_dim_expression",
+]

@@ -1,0 +1,50 @@
+"""Jobs as the REST API shows them (CONTRACT.md §5)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from schemas._base import StrictModel
+from schemas.errors import ErrorBody, Stage
+from schemas.options import ExportOptions
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
+TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "canceled")
+
+
+class StageEvent(StrictModel):
+    """A stage change of a job, as stored and as streamed."""
+
+    stage: Stage | None = None
+    status: JobStatus | Literal["started", "progress", "finished"]
+    at: datetime
+    fraction: float | None = None
+    message: str | None = None
+
+
+class ArtifactRef(StrictModel):
+    """A downloadable artifact of a job."""
+
+    name: str
+    size: int
+    sha256: str
+    media_type: str
+
+
+class JobPublic(StrictModel):
+    """A job as the API returns it."""
+
+    id: str
+    status: JobStatus
+    stage: Stage | None = None
+    stages: list[StageEvent] = Field(default_factory=list)
+    options: ExportOptions
+    error: ErrorBody | None = None
+    artifacts: list[ArtifactRef] = Field(default_factory=list)
+    cache_hit: bool = False
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None

@@ -1,0 +1,202 @@
+"""`report.json`: what happened in every stage of an export."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from schemas._base import SCHEMA_VERSION, StrictModel
+from schemas.dynamic_shapes import DynamicShapesSpec
+from schemas.errors import ErrorBody, SourceLocation, Stage
+from schemas.graph import Shape
+
+StageStatus = Literal["succeeded", "failed", "skipped"]
+
+
+class StageRecord(StrictModel):
+    """One stage: how long it took and how it ended."""
+
+    name: Stage
+    status: StageStatus
+    duration_s: float
+    message: str | None = None
+
+
+class TraceAttempt(StrictModel):
+    """One call of `torch.export.export`."""
+
+    strict: bool
+    dynamic_shapes: DynamicShapesSpec | None = None
+    succeeded: bool
+    duration_s: float
+    error: ErrorBody | None = None
+
+
+class DynamicShapeFix(StrictModel):
+    """One fix torch suggested and the engine applied."""
+
+    text: str = Field(description='As torch printed it, e.g. "dimx = Dim(\'dimx\', max=6)".')
+    name: str | None = None
+    spec: Any = Field(default=None, description="The same fix in the contract's JSON form.")
+
+
+class DynamicShapesReport(StrictModel):
+    """The spec asked for, the spec used, and what changed in between."""
+
+    requested: DynamicShapesSpec | None = None
+    applied: DynamicShapesSpec | None = None
+    fixes: list[DynamicShapeFix] = Field(default_factory=list)
+    source: Literal["options", "module", "none"] = "none"
+
+
+class TracingReport(StrictModel):
+    """Every tracing attempt and the mode that succeeded."""
+
+    attempts: list[TraceAttempt] = Field(default_factory=list)
+    strict_used: bool | None = None
+    dynamic_shapes: DynamicShapesReport = Field(default_factory=DynamicShapesReport)
+
+
+class DecompositionReport(StrictModel):
+    """Ops before and after decomposition."""
+
+    mode: str
+    preserve: list[str] = Field(default_factory=list)
+    ops_before: dict[str, int] = Field(default_factory=dict)
+    ops_after: dict[str, int] = Field(default_factory=dict)
+    removed_ops: list[str] = Field(default_factory=list)
+    added_ops: list[str] = Field(default_factory=list)
+    non_core_aten_ops: list[str] = Field(
+        default_factory=list, description="Ops of the final graph outside the core ATen set."
+    )
+    kept_after_failure: list[str] = Field(
+        default_factory=list,
+        description="Ops kept undecomposed because decomposing them failed.",
+    )
+
+
+class OutputCheck(StrictModel):
+    """Exported vs eager for one output leaf."""
+
+    path: str
+    shape: Shape | None = None
+    dtype: str | None = None
+    max_abs_error: float | None = None
+    max_rel_error: float | None = Field(
+        default=None, description="max |e - a| / (|e| + 1e-7)."
+    )
+    atol: float | None = None
+    rtol: float | None = None
+    passed: bool
+    message: str | None = None
+
+
+class SampleCheck(StrictModel):
+    """One run on inputs drawn inside the dynamic ranges."""
+
+    label: str = Field(description='"example", "min", "max" or "random-N".')
+    symbols: dict[str, int] = Field(default_factory=dict)
+    input_shapes: dict[str, Shape] = Field(default_factory=dict)
+    status: Literal["passed", "failed", "skipped"]
+    reason: str | None = None
+    outputs: list[OutputCheck] = Field(default_factory=list)
+    buffers: list[OutputCheck] = Field(default_factory=list)
+
+
+class RoundtripCheck(StrictModel):
+    """The saved program loaded in a fresh torch-only process and run."""
+
+    status: Literal["passed", "failed", "skipped"]
+    bitwise_equal: bool | None = None
+    duration_s: float | None = None
+    loader: str | None = Field(default=None, description="Where the load ran.")
+    reason: str | None = None
+    outputs: list[OutputCheck] = Field(default_factory=list)
+
+
+class VerificationReport(StrictModel):
+    """All comparisons against eager."""
+
+    enabled: bool
+    passed: bool | None = None
+    samples: list[SampleCheck] = Field(default_factory=list)
+    roundtrip: RoundtripCheck | None = None
+    duration_s: float | None = None
+
+
+class ReportWarning(StrictModel):
+    """Something the user should know that did not stop the export."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class DraftIssue(StrictModel):
+    """One issue found by `torch.export.draft_export`."""
+
+    type: str
+    message: str
+    location: SourceLocation | None = None
+    hint: str | None = None
+    xfail: bool = False
+
+
+class ModelSummary(StrictModel):
+    """What the program holds."""
+
+    parameters: dict[str, int] = Field(
+        default_factory=dict, description="Element counts by dtype."
+    )
+    buffers: dict[str, int] = Field(default_factory=dict)
+    parameter_count: int = 0
+    buffer_count: int = 0
+    inputs: list[dict[str, Any]] = Field(default_factory=list)
+    outputs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Environment(StrictModel):
+    """Versions and machine."""
+
+    torchport: str
+    torch: str | None = None
+    python: str
+    platform: str
+    device: str | None = None
+    cuda: str | None = None
+    gpu: str | None = None
+
+
+class ArtifactInfo(StrictModel):
+    """One file a succeeded job produced."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+class SandboxReport(StrictModel):
+    """The isolation layers the job ran under."""
+
+    layers: list[str] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReportDocument(StrictModel):
+    """The top level of `report.json`."""
+
+    schema_version: str = SCHEMA_VERSION
+    status: Literal["succeeded", "failed"]
+    stages: list[StageRecord] = Field(default_factory=list)
+    tracing: TracingReport = Field(default_factory=TracingReport)
+    decomposition: DecompositionReport | None = None
+    verification: VerificationReport | None = None
+    model: ModelSummary | None = None
+    warnings: list[ReportWarning] = Field(default_factory=list)
+    error: ErrorBody | None = None
+    draft_export: list[DraftIssue] | None = None
+    environment: Environment
+    artifacts: list[ArtifactInfo] = Field(default_factory=list)
+    sandbox: SandboxReport | None = None
+    duration_s: float | None = None
