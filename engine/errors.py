@@ -118,7 +118,7 @@ class MissingFakeKernel(ExportError):
     code = "missing_fake_kernel"
     default_hint = (
         "Register a fake (meta) kernel for the custom operator with "
-        "`@torch.library.register_fake(\"ns::op\")`, computing output shapes without data."
+        '`@torch.library.register_fake("ns::op")`, computing output shapes without data.'
     )
 
 

@@ -45,7 +45,7 @@ DimExpression = Annotated[
     ),
 ]
 
-ArgSpec = TypeAliasType(
+ArgSpec = TypeAliasType(  # type: ignore[misc]
     "ArgSpec",
     Annotated[
         Union[
@@ -53,15 +53,15 @@ ArgSpec = TypeAliasType(
             Annotated[int, Field(ge=0)],
             DimExpression,
             DimDeclaration,
-            dict[str, "ArgSpec"],
-            list["ArgSpec"],
+            dict[str, "ArgSpec"],  # type: ignore[misc]
+            list["ArgSpec"],  # type: ignore[misc]
         ],
         Field(union_mode="left_to_right"),
     ],
 )
 """A dimension, or a per-dimension spec of a tensor, or a spec mirroring a container."""
 
-DynamicShapesSpec = TypeAliasType(
+DynamicShapesSpec = TypeAliasType(  # type: ignore[misc]
     "DynamicShapesSpec",
     Annotated[
         Union[Literal["auto"], dict[str, ArgSpec], list[ArgSpec]],

@@ -36,7 +36,7 @@ class TraceAttempt(StrictModel):
 class DynamicShapeFix(StrictModel):
     """One fix torch suggested and the engine applied."""
 
-    text: str = Field(description='As torch printed it, e.g. "dimx = Dim(\'dimx\', max=6)".')
+    text: str = Field(description="As torch printed it, e.g. \"dimx = Dim('dimx', max=6)\".")
     name: str | None = None
     spec: Any = Field(default=None, description="The same fix in the contract's JSON form.")
 
@@ -83,9 +83,7 @@ class OutputCheck(StrictModel):
     shape: Shape | None = None
     dtype: str | None = None
     max_abs_error: float | None = None
-    max_rel_error: float | None = Field(
-        default=None, description="max |e - a| / (|e| + 1e-7)."
-    )
+    max_rel_error: float | None = Field(default=None, description="max |e - a| / (|e| + 1e-7).")
     atol: float | None = None
     rtol: float | None = None
     passed: bool
@@ -146,9 +144,7 @@ class DraftIssue(StrictModel):
 class ModelSummary(StrictModel):
     """What the program holds."""
 
-    parameters: dict[str, int] = Field(
-        default_factory=dict, description="Element counts by dtype."
-    )
+    parameters: dict[str, int] = Field(default_factory=dict, description="Element counts by dtype.")
     buffers: dict[str, int] = Field(default_factory=dict)
     parameter_count: int = 0
     buffer_count: int = 0
