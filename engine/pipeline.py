@@ -1,0 +1,346 @@
+"""One export, end to end: load → trace → decompose → verify → serialize.
+
+`run_export` never raises for a failure the user can cause: it always writes
+`report.json` (with the error) into the output directory, and on success also
+`program.pt2`, `graph.json` and `signature.json`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from engine import decomposition, diagnostics, documents, draft, environment, loading
+from engine import portability, roundtrip, tracing, verification
+from engine.errors import ExportError, InternalError, SerializationFailed, VerificationFailed
+from engine.model import LoadedModel, Upload
+from engine.source_map import SourceMap
+from schemas import (
+    ArtifactInfo,
+    ErrorBody,
+    ExportOptions,
+    Progress,
+    ReportDocument,
+    ReportWarning,
+    RoundtripCheck,
+    StageRecord,
+    TracingReport,
+)
+
+ProgressCallback = Callable[[Progress], None]
+RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
+
+PROGRAM = "program.pt2"
+GRAPH = "graph.json"
+SIGNATURE = "signature.json"
+REPORT = "report.json"
+ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export and where: artifacts go to `out_dir`, scratch files to `work_dir`."""
+
+    upload: Upload
+    options: ExportOptions
+    out_dir: Path
+    work_dir: Path
+
+
+@dataclass
+class ExportResult:
+    """The report (always) and the artifacts written, by name."""
+
+    report: ReportDocument
+    artifacts: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the export produced a verified program."""
+        return self.report.status == "succeeded"
+
+
+class _Run:
+    """Bookkeeping of one export: stage timings, progress, the pieces of the report."""
+
+    def __init__(self, request: ExportRequest, progress: ProgressCallback | None) -> None:
+        self.request = request
+        self.progress = progress
+        self.stages: list[StageRecord] = []
+        self.warnings: list[ReportWarning] = []
+        self.sections: dict[str, Any] = {"tracing": TracingReport()}
+        self.stage: str = "loading"
+        self.source_map = SourceMap(request.work_dir / "src")
+
+    def emit(self, fraction: float, message: str = "") -> None:
+        if self.progress is not None:
+            self.progress(Progress(stage=self.stage, fraction=fraction, message=message))  # type: ignore[arg-type]
+
+    @contextmanager
+    def step(self, name: str, message: str) -> Iterator[None]:
+        self.stage = name
+        self.emit(0.0, message)
+        started = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            self.stages.append(
+                StageRecord(
+                    name=name,  # type: ignore[arg-type]
+                    status="failed",
+                    duration_s=time.perf_counter() - started,
+                )
+            )
+            raise
+        self.stages.append(
+            StageRecord(
+                name=name,  # type: ignore[arg-type]
+                status="succeeded",
+                duration_s=time.perf_counter() - started,
+            )
+        )
+        self.emit(1.0, f"{name} done")
+
+
+def run_export(
+    request: ExportRequest,
+    *,
+    progress: ProgressCallback | None = None,
+    roundtrip_runner: RoundtripRunner | None = None,
+) -> ExportResult:
+    """Export the uploaded model; the report says how it went, whatever happened.
+
+    Args:
+        request: the upload, the options and the two directories.
+        progress: called at the start and end of every stage.
+        roundtrip_runner: loads the saved program in a fresh torch-only process and
+            runs it; defaults to a subprocess. The sandbox passes its own.
+    """
+    started = time.perf_counter()
+    request.out_dir.mkdir(parents=True, exist_ok=True)
+    request.work_dir.mkdir(parents=True, exist_ok=True)
+    run = _Run(request, progress)
+    artifacts: dict[str, Path] = {}
+    error: ErrorBody | None = None
+    loaded: LoadedModel | None = None
+    try:
+        loaded = _export(run, artifacts, roundtrip_runner or roundtrip.run_in_subprocess)
+    except ExportError as exc:
+        error = _finish_error(run, exc, loaded=None)
+    except Exception as exc:  # classified once, in diagnostics
+        classified = diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
+        error = _finish_error(run, classified, loaded=None)
+    if error is not None:
+        for name in (PROGRAM, GRAPH, SIGNATURE):
+            (request.out_dir / name).unlink(missing_ok=True)
+            artifacts.pop(name, None)
+    report = ReportDocument(
+        status="failed" if error else "succeeded",
+        stages=run.stages,
+        tracing=run.sections["tracing"],
+        decomposition=run.sections.get("decomposition"),
+        verification=run.sections.get("verification"),
+        model=run.sections.get("model"),
+        warnings=run.warnings,
+        error=error,
+        draft_export=run.sections.get("draft_export"),
+        environment=environment.describe(request.options.device),
+        artifacts=[_artifact_info(path) for path in artifacts.values()],
+        duration_s=time.perf_counter() - started,
+    )
+    report_path = request.out_dir / REPORT
+    report_path.write_text(report.model_dump_json(indent=2))
+    artifacts[REPORT] = report_path
+    return ExportResult(report=report, artifacts=artifacts)
+
+
+def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRunner) -> None:
+    request, options = run.request, run.request.options
+    with run.step("loading", "importing the uploaded module"):
+        loaded = loading.load(request.upload, options, request.work_dir)
+        run.sections["loaded"] = loaded
+        made = portability.make_portable(
+            loaded.module,
+            loaded.args,
+            loaded.kwargs,
+            loaded.eager_outputs,
+            keep_types=not options.portable,
+        )
+        run.warnings.extend(made.warnings)
+        loaded.module, loaded.args, loaded.kwargs = made.module, made.args, made.kwargs
+        pristine = copy.deepcopy(loaded.module)
+
+    with run.step("tracing", "torch.export.export"):
+        if options.dynamic_shapes is not None:
+            spec: Any = _plain(options.dynamic_shapes)
+            source = "options"
+        elif loaded.module_dynamic_shapes is not None:
+            spec, source = loaded.module_dynamic_shapes, "module"
+        else:
+            spec, source = None, "none"
+        try:
+            traced = tracing.trace(loaded, options, spec, source)
+        except ExportError as exc:
+            run.sections["tracing"] = getattr(exc, "tracing_report", run.sections["tracing"])
+            if options.draft_report:
+                run.sections["draft_export"] = draft.draft_issues(
+                    loaded, spec, strict=options.strict is True
+                )
+            raise
+        run.sections["tracing"] = traced.report
+        applied = traced.report.dynamic_shapes.applied
+
+    with run.step("decomposing", f"run_decompositions ({options.decomposition.mode})"):
+        decomposed = decomposition.decompose(traced.ep, options.decomposition)
+        run.sections["decomposition"] = decomposed.report
+        run.warnings.extend(decomposed.warnings)
+        ep = decomposed.ep
+        run.sections["model"] = documents.model_summary(ep)
+
+    if options.verify.enabled:
+        with run.step("verifying", "comparing against eager PyTorch"):
+            checked = verification.verify(ep, pristine, loaded.args, loaded.kwargs, options.verify)
+            run.sections["verification"] = checked
+            if checked.passed is False:
+                raise VerificationFailed(
+                    "The exported program's outputs differ from eager PyTorch beyond the "
+                    "tolerance.",
+                    hint="Look at the verification table; raise verify.atol/rtol if the "
+                    "difference is numerical noise, or check for randomness or state the "
+                    "export did not capture.",
+                    details=_first_failure(checked),
+                )
+
+    with run.step("serializing", "torch.export.save"):
+        program = request.out_dir / PROGRAM
+        try:
+            torch.export.save(ep, program)
+        except Exception as exc:
+            raise SerializationFailed(
+                f"torch.export.save failed: {type(exc).__name__}: {exc}",
+                hint="Check for constants or custom objects in the model that torch cannot "
+                "serialize.",
+                details={"exception": type(exc).__name__},
+            ) from exc
+        artifacts[PROGRAM] = program
+        _write_json(
+            request.out_dir / GRAPH, documents.graph_document(ep, loaded.source_map), artifacts
+        )
+        signature = documents.signature_document(
+            ep,
+            args=loaded.args,
+            kwargs=loaded.kwargs,
+            dynamic_shapes_json=applied,
+            portability=made.mapping,
+        )
+        _write_json(request.out_dir / SIGNATURE, signature, artifacts)
+        if options.verify.enabled and options.verify.roundtrip:
+            _check_roundtrip(run, ep, loaded, program, roundtrip_runner)
+
+
+def _check_roundtrip(
+    run: _Run,
+    ep: torch.export.ExportedProgram,
+    loaded: LoadedModel,
+    program: Path,
+    runner: RoundtripRunner,
+) -> None:
+    payload = run.request.work_dir / "roundtrip-payload.pt"
+    with torch.no_grad():
+        expected = ep.module()(*copy.deepcopy(loaded.args), **copy.deepcopy(loaded.kwargs))
+    roundtrip.write_payload(payload, loaded.args, loaded.kwargs, expected)
+    check = runner(program, payload)
+    verification_report = run.sections.get("verification")
+    if verification_report is not None:
+        verification_report.roundtrip = check
+    if check.status == "failed":
+        raise SerializationFailed(
+            "The saved program.pt2 did not load and run the same in a fresh process: "
+            + (check.reason or "outputs differ"),
+            hint="A deployment loading this file would fail the same way. Keep inputs and "
+            "outputs to tensors and plain containers (leave `portable` on).",
+            details={"bitwise_equal": check.bitwise_equal, "reason": check.reason},
+        )
+
+
+def _finish_error(run: _Run, exc: ExportError, loaded: LoadedModel | None) -> ErrorBody:
+    if exc.stage is None:
+        exc.stage = run.stage
+    body = exc.to_body()
+    if isinstance(exc, InternalError):
+        body.message = run.source_map.scrub(body.message)
+    return body
+
+
+def _first_failure(checked: Any) -> dict[str, Any]:
+    for sample in checked.samples:
+        for out in [*sample.outputs, *sample.buffers]:
+            if not out.passed:
+                return {
+                    "sample": sample.label,
+                    "output": out.path,
+                    "max_abs_error": out.max_abs_error,
+                    "max_rel_error": out.max_rel_error,
+                    "atol": out.atol,
+                    "rtol": out.rtol,
+                }
+    return {}
+
+
+def _plain(spec: Any) -> Any:
+    """The JSON form of an options value that may hold pydantic models."""
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json", exclude_none=True)
+    if isinstance(spec, dict):
+        return {key: _plain(value) for key, value in spec.items()}
+    if isinstance(spec, list):
+        return [_plain(value) for value in spec]
+    return spec
+
+
+def _write_json(path: Path, document: BaseModel, artifacts: dict[str, Path]) -> None:
+    path.write_text(document.model_dump_json(indent=2))
+    artifacts[path.name] = path
+
+
+def _artifact_info(path: Path) -> ArtifactInfo:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return ArtifactInfo(name=path.name, size=path.stat().st_size, sha256=digest.hexdigest())
+
+
+def warm_up(work_dir: Path) -> None:
+    """Run one tiny export so that later exports in this process (or its forks) start warm.
+
+    Only tiny shapes and no eager kernels on real data: a process that has started
+    torch's intra-op thread pool cannot be forked safely.
+    """
+
+    class _Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x)) + 1
+
+    batch = torch.export.Dim("batch", min=2, max=8)
+    ep = torch.export.export(
+        _Tiny(), (torch.zeros(2, 2),), dynamic_shapes={"x": {0: batch}}, strict=False
+    )
+    ep = ep.run_decompositions()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    torch.export.save(ep, work_dir / "warm-up.pt2")
+    json.dumps(documents.graph_document(ep, SourceMap(work_dir)).model_dump(mode="json"))

@@ -1,0 +1,103 @@
+"""A readable terminal summary of an export's report and signature."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from schemas import ReportDocument, SignatureDocument
+
+
+def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> None:
+    """Print stages, signature, ranges, verification and, on failure, the error and hint."""
+    ok = report.status == "succeeded"
+    colour = "green" if ok else "red"
+    console.print(f"[bold {colour}]export {report.status}[/] in {report.duration_s or 0:.2f} s")
+    stages = Table("stage", "status", "seconds", title="Stages", title_justify="left")
+    for stage in report.stages:
+        stages.add_row(stage.name, stage.status, f"{stage.duration_s:.3f}")
+    console.print(stages)
+
+    for attempt in report.tracing.attempts:
+        mode = "strict" if attempt.strict else "non-strict"
+        outcome = "ok" if attempt.succeeded else f"failed ({attempt.error.code})"  # type: ignore[union-attr]
+        console.print(f"  trace attempt: {mode}, {outcome}, {attempt.duration_s:.2f} s")
+    shapes = report.tracing.dynamic_shapes
+    for fix in shapes.fixes:
+        console.print(f"  [yellow]dynamic-shape fix applied:[/] {fix.text}")
+    if shapes.fixes:
+        console.print(f"  applied spec: {json.dumps(shapes.applied)}")
+
+    if report.decomposition is not None:
+        dec = report.decomposition
+        console.print(
+            f"Ops ({dec.mode}): {sum(dec.ops_after.values())} calls of {len(dec.ops_after)} ops"
+            + (f"; outside core ATen: {', '.join(dec.non_core_aten_ops)}" if dec.non_core_aten_ops else "")
+        )
+
+    signature_path = out_dir / "signature.json"
+    if ok and signature_path.is_file():
+        _render_signature(SignatureDocument.model_validate_json(signature_path.read_text()), console)
+
+    if report.verification is not None and report.verification.samples:
+        _render_verification(report, console)
+
+    for warning in report.warnings:
+        console.print(f"[yellow]warning[/] [{warning.code}] {warning.message}")
+
+    if report.error is not None:
+        error = report.error
+        console.print(f"[bold red]error[/] [{error.code}] ({error.stage}) {error.message}")
+        if error.location is not None:
+            console.print(f"  at {error.location.file}:{error.location.line}: {error.location.code or ''}")
+        if error.hint:
+            console.print(f"[bold]hint:[/] {error.hint}")
+        if error.exportdb:
+            console.print("  related ExportDB cases: " + ", ".join(error.exportdb))
+        for issue in report.draft_export or []:
+            where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
+            console.print(f"  draft-export issue: {issue.type}{where}: {issue.message.splitlines()[0] if issue.message else ''}")
+    else:
+        console.print(f"artifacts in {out_dir}: " + ", ".join(a.name for a in report.artifacts))
+
+
+def _render_signature(signature: SignatureDocument, console: Console) -> None:
+    table = Table("input", "kind", "shape", "dtype", title="Signature", title_justify="left")
+    for spec in signature.inputs:
+        if spec.kind == "user_input":
+            table.add_row(spec.pytree_path or spec.name, spec.kind, str(spec.shape), spec.dtype or "")
+    for out in signature.outputs:
+        table.add_row(out.pytree_path or out.name, out.kind, str(out.shape), out.dtype or "")
+    console.print(table)
+    if signature.range_constraints:
+        ranges = ", ".join(
+            f"{rc.symbol} ∈ [{rc.min}, {'∞' if rc.max is None else rc.max}]"
+            for rc in signature.range_constraints
+        )
+        console.print(f"Ranges: {ranges}")
+
+
+def _render_verification(report: ReportDocument, console: Console) -> None:
+    assert report.verification is not None
+    table = Table(
+        "sample", "output", "max abs", "max rel", "result", title="Verification", title_justify="left"
+    )
+    for sample in report.verification.samples:
+        if sample.status == "skipped":
+            table.add_row(sample.label, "-", "-", "-", f"skipped: {sample.reason or ''}")
+            continue
+        for out in [*sample.outputs, *sample.buffers]:
+            table.add_row(
+                sample.label,
+                out.path,
+                "-" if out.max_abs_error is None else f"{out.max_abs_error:.2e}",
+                "-" if out.max_rel_error is None else f"{out.max_rel_error:.2e}",
+                "[green]✓[/]" if out.passed else "[red]✗[/]",
+            )
+    console.print(table)
+    rt = report.verification.roundtrip
+    if rt is not None:
+        console.print(f"Round trip ({rt.loader}): {rt.status}, bitwise equal: {rt.bitwise_equal}")
