@@ -1,0 +1,449 @@
+"""The JSON documents of an exported program: `graph.json`, `signature.json`, the model summary.
+
+Everything here reads an `ExportedProgram` and returns a pydantic model of `schemas`; no
+torch object leaks into the output. Conventions:
+
+- op targets are written as torch prints them without the `torch.ops.` prefix:
+  `aten.add.Tensor`, `higher_order.cond`, `operator.getitem`;
+- dtypes of values are bare names (`float32`); dtypes, devices and layouts appearing as
+  node arguments are written as torch prints them (`torch.float32`, `cpu`);
+- symbolic sizes are their sympy expression as text (`s77`, `2*s0 + 1`);
+- pytree paths of user inputs are `args[0]['a'][1]` / `kwargs['mask']`; those of user
+  outputs are `pytree.keystr` of the output (`[0]`, or `""` for a single tensor), as in
+  the verification report.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from engine.source_map import SourceMap
+from schemas import (
+    Graph,
+    GraphDocument,
+    GraphNode,
+    InputSpec,
+    ModelSummary,
+    ModuleFrame,
+    OutputSpec,
+    PortabilityMapping,
+    RangeConstraint,
+    SignatureDocument,
+    TensorMeta,
+)
+
+_REPR_LIMIT = 200
+"""Longest repr of an odd argument kept in graph.json; longer ones are cut."""
+
+
+# --- shared pieces -----------------------------------------------------------------------
+
+
+def target_name(target: Any) -> str:
+    """The text form of an FX node target: `aten.add.Tensor`, `higher_order.cond`, ..."""
+    if isinstance(target, str):
+        return target
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    try:
+        name = torch.fx.node._get_qualified_name(target)
+    except Exception:  # an exotic callable; its repr still identifies it
+        return repr(target)
+    # builtins live in `_operator`, users know them as `operator`
+    return name.removeprefix("_")
+
+
+def op_histogram(
+    graph_module: torch.fx.GraphModule, include_subgraphs: bool = True
+) -> dict[str, int]:
+    """Count of `call_function` nodes by target, over the graph and (by default) its subgraphs.
+
+    Subgraphs are the bodies of `cond`, `map`, `while_loop`, ...: GraphModules reached
+    through `get_attr` nodes; each is counted once even if several nodes refer to it.
+    """
+    counts: Counter[str] = Counter()
+    modules = _graph_modules(graph_module) if include_subgraphs else iter([graph_module])
+    for module in modules:
+        for node in module.graph.nodes:
+            if node.op == "call_function":
+                counts[target_name(node.target)] += 1
+    return dict(sorted(counts.items()))
+
+
+def subgraphs(graph_module: torch.fx.GraphModule) -> dict[str, torch.fx.GraphModule]:
+    """The GraphModules the graph refers to with `get_attr`, by attribute name."""
+    found: dict[str, torch.fx.GraphModule] = {}
+    for node in graph_module.graph.nodes:
+        if node.op != "get_attr" or not isinstance(node.target, str):
+            continue
+        try:
+            value = functools.reduce(getattr, node.target.split("."), graph_module)
+        except AttributeError:
+            continue
+        if isinstance(value, torch.fx.GraphModule):
+            found[node.target] = value
+    return found
+
+
+def _graph_modules(graph_module: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
+    seen: set[int] = set()
+    pending = [graph_module]
+    while pending:
+        module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield module
+        pending.extend(subgraphs(module).values())
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` → `float32`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def symbolic_int(value: Any) -> int | str:
+    """An int, or the expression of a symbolic int as text (`s0`, `2*s0 + 1`)."""
+    if isinstance(value, torch.SymInt):
+        expr = value.node.expr
+        if getattr(expr, "is_number", False):
+            return int(expr)
+        return str(expr)
+    return int(value)
+
+
+def shape_of(tensor: torch.Tensor) -> list[int | str]:
+    """The sizes of a (fake) tensor, symbols as text."""
+    return [symbolic_int(size) for size in tensor.shape]
+
+
+def range_constraints(ep: ExportedProgram) -> list[RangeConstraint]:
+    """The program's symbols and their ranges, sorted by symbol; unbounded ends are null."""
+    out = [
+        RangeConstraint(symbol=str(symbol), min=_bound(vr.lower), max=_bound(vr.upper))
+        for symbol, vr in ep.range_constraints.items()
+    ]
+    return sorted(out, key=lambda rc: _natural_key(rc.symbol))
+
+
+def _bound(value: Any) -> int | None:
+    from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
+
+    # int_oo claims to be finite to sympy, so it is checked by type first
+    if isinstance(value, IntInfinity | NegativeIntInfinity):
+        return None
+    try:
+        if value.is_number and value.is_integer:
+            return int(value)
+    except AttributeError:
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _natural_key(text: str) -> tuple[Any, ...]:
+    head = text.rstrip("0123456789")
+    tail = text[len(head) :]
+    return (head, int(tail) if tail else -1, text)
+
+
+# --- graph.json --------------------------------------------------------------------------
+
+
+def graph_document(ep: ExportedProgram, source_map: SourceMap) -> GraphDocument:
+    """`graph.json`: every node with its arguments, shapes, user source and module path."""
+    return GraphDocument(
+        graph=_graph(ep.graph_module, source_map, frozenset()),
+        op_histogram=op_histogram(ep.graph_module),
+        range_constraints=range_constraints(ep),
+    )
+
+
+def _graph(gm: torch.fx.GraphModule, source_map: SourceMap, parents: frozenset[int]) -> Graph:
+    nodes = [_node(node, source_map) for node in gm.graph.nodes]
+    inputs = [node.name for node in gm.graph.nodes if node.op == "placeholder"]
+    outputs: list[str] = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            outputs = [
+                leaf.name if isinstance(leaf, torch.fx.Node) else repr(leaf)
+                for leaf in pytree.tree_leaves(node.args[0] if node.args else ())
+            ]
+    inner = parents | {id(gm)}
+    return Graph(
+        nodes=nodes,
+        inputs=inputs,
+        outputs=outputs,
+        subgraphs={
+            name: _graph(sub, source_map, inner)
+            for name, sub in subgraphs(gm).items()
+            if id(sub) not in inner  # a graph cannot contain itself; guard anyway
+        },
+    )
+
+
+def _node(node: torch.fx.Node, source_map: SourceMap) -> GraphNode:
+    val = node.meta.get("val")
+    shape = dtype = outputs = None
+    if isinstance(val, torch.Tensor):
+        shape, dtype = shape_of(val), dtype_name(val.dtype)
+    elif isinstance(val, list | tuple):
+        outputs = [
+            TensorMeta(shape=shape_of(v), dtype=dtype_name(v.dtype))
+            if isinstance(v, torch.Tensor)
+            else None
+            for v in val
+        ]
+    stack_trace = node.meta.get("stack_trace")
+    return GraphNode(
+        name=node.name,
+        op=node.op,
+        target=target_name(node.target),
+        args=[render_argument(a) for a in node.args],
+        kwargs={str(k): render_argument(v) for k, v in node.kwargs.items()},
+        shape=shape,
+        dtype=dtype,
+        outputs=outputs,
+        source=source_map.from_text(stack_trace) if stack_trace else None,
+        module_stack=module_stack(node),
+    )
+
+
+def render_argument(value: Any) -> Any:
+    """A node argument as JSON: node references as `{"node": name}`, odd objects as text."""
+    if isinstance(value, torch.fx.Node):
+        return {"node": value.name}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, list | tuple):
+        return [render_argument(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): render_argument(v) for k, v in value.items()}
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return str(value.node.expr)
+    if isinstance(value, torch.Tensor):
+        return f"tensor(shape={shape_of(value)}, dtype={dtype_name(value.dtype)})"
+    if isinstance(value, torch.dtype | torch.layout | torch.memory_format | torch.device):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
+
+
+def module_stack(node: torch.fx.Node) -> list[ModuleFrame]:
+    """The submodules a node came from, outermost first; the root module is left out."""
+    stack = node.meta.get("nn_module_stack") or {}
+    frames = []
+    for key, entry in stack.items():
+        if not isinstance(entry, tuple) or len(entry) != 2:
+            continue
+        path, kind = entry
+        # export marks nodes it created itself (e.g. sym_size) with this placeholder entry
+        if not isinstance(path, str) or str(key).startswith("_empty_nn_module_stack"):
+            continue
+        path = path.removeprefix("L['self']").removeprefix(".")
+        if not path:
+            continue
+        type_name = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
+        frames.append(ModuleFrame(path=path, type=type_name))
+    return frames
+
+
+# --- signature.json ----------------------------------------------------------------------
+
+
+def signature_document(
+    ep: ExportedProgram,
+    *,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic_shapes_json: Any,
+    portability: PortabilityMapping | None = None,
+) -> SignatureDocument:
+    """`signature.json`: every input and output of the graph and where user leaves sit.
+
+    Args:
+        ep: the final program.
+        args, kwargs: the example inputs it was exported with; their pytree paths name
+            the user inputs when the program's own input spec cannot.
+        dynamic_shapes_json: the dynamic-shapes spec used, in the contract's JSON form.
+        portability: how a portable wrapper's containers map to the model's own types.
+    """
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    input_paths = iter(_input_paths(ep, args, kwargs))
+    inputs = []
+    for spec in ep.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", "")
+        meta = _value_meta(placeholders.get(name))
+        user = spec.kind == InputKind.USER_INPUT
+        inputs.append(
+            InputSpec(
+                kind=spec.kind.name.lower(),
+                name=name,
+                target=spec.target,
+                persistent=spec.persistent,
+                shape=meta[0],
+                dtype=meta[1],
+                pytree_path=next(input_paths, None) if user else None,
+                value=_constant(spec.arg) if user else None,
+            )
+        )
+    output_values = _output_values(ep)
+    output_paths = iter(_tree_paths(ep.call_spec.out_spec, prefix=False))
+    outputs = []
+    for index, spec in enumerate(ep.graph_signature.output_specs):
+        value = output_values[index] if index < len(output_values) else None
+        meta = _value_meta(value if isinstance(value, torch.fx.Node) else None)
+        user = spec.kind == OutputKind.USER_OUTPUT
+        outputs.append(
+            OutputSpec(
+                kind=spec.kind.name.lower(),
+                name=getattr(spec.arg, "name", "") or "",
+                target=spec.target,
+                shape=meta[0],
+                dtype=meta[1],
+                pytree_path=next(output_paths, None) if user else None,
+            )
+        )
+    return SignatureDocument(
+        inputs=inputs,
+        outputs=outputs,
+        range_constraints=range_constraints(ep),
+        dynamic_shapes=dynamic_shapes_json,
+        in_spec=_dumps(ep.call_spec.in_spec),
+        out_spec=_dumps(ep.call_spec.out_spec),
+        portability=portability or PortabilityMapping(wrapped=False),
+    )
+
+
+def _input_paths(ep: ExportedProgram, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """Paths of the user inputs, in the program's order.
+
+    The program's in_spec is what the graph was traced with; the example inputs are the
+    fallback when the spec holds a container type without key paths.
+    """
+    user_count = sum(
+        1 for spec in ep.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT
+    )
+    paths = _tree_paths(ep.call_spec.in_spec, prefix=True)
+    if len(paths) == user_count:
+        return paths
+    try:
+        flat = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]
+    except Exception:  # a container type pytree cannot give key paths for
+        return []
+    return [_prefixed(path) for path, _ in flat]
+
+
+def _tree_paths(spec: pytree.TreeSpec | None, *, prefix: bool) -> list[str]:
+    if spec is None:
+        return []
+    try:
+        skeleton = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+        flat = pytree.tree_flatten_with_path(skeleton)[0]
+    except Exception:  # a registered node type without flatten_with_keys
+        return []
+    return [_prefixed(path) if prefix else pytree.keystr(path) for path, _ in flat]
+
+
+def _prefixed(path: tuple[Any, ...]) -> str:
+    """`(SequenceKey(0), SequenceKey(1))` → `args[1]`; a first key of 1 means kwargs."""
+    if not path:
+        return ""
+    head = "kwargs" if getattr(path[0], "idx", 0) == 1 else "args"
+    return head + pytree.keystr(path[1:])
+
+
+def _output_values(ep: ExportedProgram) -> list[Any]:
+    for node in ep.graph.nodes:
+        if node.op == "output":
+            values = node.args[0] if node.args else ()
+            return list(values) if isinstance(values, list | tuple) else [values]
+    return []
+
+
+def _value_meta(node: torch.fx.Node | None) -> tuple[list[int | str] | None, str | None]:
+    val = node.meta.get("val") if node is not None else None
+    if isinstance(val, torch.Tensor):
+        return shape_of(val), dtype_name(val.dtype)
+    return None, None
+
+
+def _constant(arg: Any) -> Any:
+    from torch.export.graph_signature import ConstantArgument
+
+    if isinstance(arg, ConstantArgument):
+        return render_argument(arg.value)
+    return None
+
+
+def _dumps(spec: pytree.TreeSpec | None) -> str | None:
+    if spec is None:
+        return None
+    try:
+        return pytree.treespec_dumps(spec)
+    except Exception:  # a node type without a serialized name cannot be written
+        return None
+
+
+# --- model summary ------------------------------------------------------------------------
+
+
+def model_summary(ep: ExportedProgram) -> ModelSummary:
+    """Parameters and buffers by dtype (element counts), and the user inputs and outputs."""
+    signature = ep.graph_signature
+    parameters: Counter[str] = Counter()
+    buffers: Counter[str] = Counter()
+    for names, counter in ((signature.parameters, parameters), (signature.buffers, buffers)):
+        for name in names:
+            tensor = ep.state_dict.get(name)
+            if tensor is None:
+                tensor = ep.constants.get(name)  # non-persistent buffers live there
+            if isinstance(tensor, torch.Tensor):
+                counter[dtype_name(tensor.dtype)] += tensor.numel()
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    inputs = [
+        _leaf_summary(name, placeholders.get(name), spec.arg)
+        for spec in signature.input_specs
+        for name in [getattr(spec.arg, "name", "")]
+        if spec.kind == InputKind.USER_INPUT
+    ]
+    values = _output_values(ep)
+    outputs = [
+        _leaf_summary(
+            getattr(spec.arg, "name", "") or "",
+            values[i] if i < len(values) and isinstance(values[i], torch.fx.Node) else None,
+            spec.arg,
+        )
+        for i, spec in enumerate(signature.output_specs)
+        if spec.kind == OutputKind.USER_OUTPUT
+    ]
+    return ModelSummary(
+        parameters=dict(sorted(parameters.items())),
+        buffers=dict(sorted(buffers.items())),
+        parameter_count=sum(parameters.values()),
+        buffer_count=sum(buffers.values()),
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def _leaf_summary(name: str, node: torch.fx.Node | None, arg: Any) -> dict[str, Any]:
+    val = node.meta.get("val") if node is not None else getattr(arg, "value", None)
+    if isinstance(val, torch.Tensor):
+        return {"name": name, "shape": shape_of(val), "dtype": dtype_name(val.dtype)}
+    if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return {"name": name, "type": type(val).__name__, "expr": str(val.node.expr)}
+    return {"name": name, "type": type(val).__name__, "value": render_argument(val)}

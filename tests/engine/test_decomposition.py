@@ -1,0 +1,258 @@
+"""The decompose stage: modes, preserved ops, the report, and recovery from failing ops."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from engine.decomposition import (
+    Decomposed,
+    decompose,
+    is_core_aten,
+    non_core_aten_ops,
+    resolve_op,
+    shrink,
+)
+from engine.errors import DecompositionFailed, InvalidRequest
+from engine.source_map import SourceMap
+from schemas import DecompositionOptions, DecompositionReport
+
+MODELS = Path(__file__).parent.parent / "models"
+
+
+@functools.cache
+def _fixture(name: str) -> ModuleType:
+    # cached: the custom-op fixture registers a torch.library op that must stay alive
+    spec = importlib.util.spec_from_file_location(f"decomp_fixture_{name}", MODELS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _exported(name: str) -> torch.export.ExportedProgram:
+    fixture = _fixture(name)
+    return torch.export.export(
+        fixture.model,
+        fixture.example_args,
+        getattr(fixture, "example_kwargs", None),
+        dynamic_shapes=getattr(fixture, "dynamic_shapes", None),
+    )
+
+
+def _line_of(name: str, text: str) -> int:
+    lines = (MODELS / f"{name}.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if text in line)
+
+
+def _decompose(name: str, **options: object) -> Decomposed:
+    return decompose(
+        _exported(name),
+        DecompositionOptions.model_validate(options),
+        source_map=SourceMap(MODELS),
+    )
+
+
+# --- modes and preserved ops ---------------------------------------------------------------
+
+
+def test_preserved_conv2d_stays_and_batchnorm_is_decomposed() -> None:
+    result = _decompose("decomp_conv_bn", preserve=["aten.conv2d.default"])
+    report = result.report
+
+    assert report.preserve == ["aten.conv2d.default"]
+    assert report.ops_before["aten.conv2d.default"] == 1
+    assert report.ops_before["aten.batch_norm.default"] == 1
+    assert report.ops_after["aten.conv2d.default"] == 1
+    assert "aten.convolution.default" not in report.ops_after
+    assert "aten.batch_norm.default" not in report.ops_after
+    assert report.ops_after["aten._native_batch_norm_legit_functional.default"] == 1
+    assert "aten.batch_norm.default" in report.removed_ops
+    assert "aten._native_batch_norm_legit_functional.default" in report.added_ops
+    assert result.warnings == []
+    assert report.kept_after_failure == []
+    graph_targets = {str(n.target) for n in result.ep.graph.nodes if n.op == "call_function"}
+    assert "aten.conv2d.default" in graph_targets
+
+
+def test_conv2d_is_not_core_aten_so_preserving_it_is_reported() -> None:
+    # torch 2.13 tags aten.conv2d.default only pt2_compliant; its core form is convolution
+    assert is_core_aten(torch.ops.aten.conv2d.default) is False
+    assert is_core_aten(torch.ops.aten.convolution.default) is True
+    # functional training batchnorm has no core tag either, so it is listed too
+    preserved = _decompose("decomp_conv_bn", preserve=["aten.conv2d.default"])
+    assert preserved.report.non_core_aten_ops == [
+        "aten._native_batch_norm_legit_functional.default",
+        "aten.conv2d.default",
+    ]
+    default = _decompose("decomp_conv_bn")
+    assert default.report.ops_after["aten.convolution.default"] == 1
+    assert default.report.non_core_aten_ops == ["aten._native_batch_norm_legit_functional.default"]
+
+
+def test_buffer_mutations_of_train_mode_batchnorm_are_graph_outputs() -> None:
+    result = _decompose("decomp_conv_bn", preserve=["aten.conv2d.default"])
+    mutated = [
+        spec.target
+        for spec in result.ep.graph_signature.output_specs
+        if spec.kind == torch.export.graph_signature.OutputKind.BUFFER_MUTATION
+    ]
+    assert mutated == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+
+
+def test_mode_none_returns_the_program_unchanged() -> None:
+    ep = _exported("decomp_conv_bn")
+    result = decompose(ep, DecompositionOptions(mode="none"))
+    assert result.ep is ep
+    assert result.report.mode == "none"
+    assert result.report.ops_after == result.report.ops_before
+    assert result.report.removed_ops == [] and result.report.added_ops == []
+    assert "aten.batch_norm.default" in result.report.non_core_aten_ops
+
+
+def test_mode_custom_decomposes_only_the_listed_ops() -> None:
+    # the custom op would fail to decompose; custom mode never touches it
+    result = _decompose("decomp_custom_op", mode="custom", decompose=["aten.linear.default"])
+    after = result.report.ops_after
+    assert "aten.linear.default" not in after
+    assert after["aten.addmm.default"] == 1
+    assert after["aten.layer_norm.default"] == 1
+    assert after["tp_decomp.grow_shrink.default"] == 1
+    assert result.report.kept_after_failure == []
+    assert result.warnings == []
+
+
+def test_mode_custom_reaches_decompositions_outside_the_core_table() -> None:
+    # relu is core (not in the default table) but torch has a decomposition for it
+    result = _decompose(
+        "decomp_conv_bn", mode="custom", decompose=["aten.conv2d.default", "aten.relu.default"]
+    )
+    assert result.report.ops_after["aten.convolution.default"] == 1
+    assert "aten.relu.default" in result.report.removed_ops
+    assert result.warnings == []
+
+
+def test_mode_custom_warns_about_ops_without_a_decomposition() -> None:
+    result = _decompose(
+        "decomp_conv_bn",
+        mode="custom",
+        decompose=["aten.conv2d.default", "aten.convolution.default"],
+    )
+    assert result.report.ops_after["aten.convolution.default"] == 1
+    assert [w.code for w in result.warnings] == ["decomposition_unavailable"]
+    assert result.warnings[0].details == {"ops": ["aten.convolution.default"]}
+
+
+@pytest.mark.parametrize(
+    ("field", "name"),
+    [
+        ("preserve", "aten.not_an_op.default"),
+        ("preserve", "aten.conv2d.no_such_overload"),
+        ("preserve", "conv2d"),
+        ("decompose", "nowhere.op.default"),
+    ],
+)
+def test_unknown_op_names_are_invalid_requests(field: str, name: str) -> None:
+    options: dict[str, object] = {field: [name]}
+    if field == "decompose":
+        options["mode"] = "custom"
+    with pytest.raises(InvalidRequest) as caught:
+        _decompose("decomp_conv_bn", **options)
+    assert caught.value.code == "invalid_request"
+    assert caught.value.stage == "decomposing"
+    assert caught.value.details == {"op": name}
+
+
+@pytest.mark.parametrize("name", ["aten.conv2d.default", "aten::conv2d", "aten.conv2d"])
+def test_op_names_resolve_in_the_usual_spellings(name: str) -> None:
+    assert resolve_op(name) is torch.ops.aten.conv2d.default
+
+
+def test_report_is_valid_json_of_the_contract() -> None:
+    report = _decompose("decomp_conv_bn", preserve=["aten.conv2d.default"]).report
+    assert DecompositionReport.model_validate(report.model_dump(mode="json")) == report
+
+
+def test_subgraph_ops_are_counted_and_higher_order_ops_are_not_aten() -> None:
+    result = _decompose("doc_nested")
+    assert result.report.ops_after["aten.sin.default"] == 1  # inside the cond branch
+    assert result.report.ops_after["higher_order.cond"] == 1
+    assert result.report.non_core_aten_ops == []
+    assert non_core_aten_ops(_exported("doc_nested").graph_module) == [
+        "aten.linear.default",
+        "aten.sum.default",
+    ]
+
+
+# --- failing decompositions ----------------------------------------------------------------
+
+
+def test_failing_custom_op_is_kept_alone_and_warned_about() -> None:
+    result = _decompose("decomp_custom_op")
+    report = result.report
+
+    assert report.kept_after_failure == ["tp_decomp.grow_shrink.default"]
+    assert [w.code for w in result.warnings] == ["decomposition_ops_kept"]
+    assert result.warnings[0].details == {"ops": ["tp_decomp.grow_shrink.default"]}
+    # the other decomposable ops were still decomposed
+    assert "aten.linear.default" not in report.ops_after
+    assert "aten.layer_norm.default" not in report.ops_after
+    assert report.ops_after["tp_decomp.grow_shrink.default"] == 1
+    assert report.non_core_aten_ops == ["tp_decomp.grow_shrink.default"]
+    # and the program still computes what the model does
+    fixture = _fixture("decomp_custom_op")
+    with torch.no_grad():
+        expected = fixture.model(*fixture.example_args)
+        actual = result.ep.module()(*fixture.example_args)
+    torch.testing.assert_close(actual, expected)
+
+
+def test_failing_op_without_keep_failing_ops_is_decomposition_failed() -> None:
+    with pytest.raises(DecompositionFailed) as caught:
+        _decompose("decomp_custom_op", keep_failing_ops=False)
+    error = caught.value
+    assert error.code == "decomposition_failed"
+    assert error.stage == "decomposing"
+    assert error.details["ops"] == ["tp_decomp.grow_shrink.default"]
+    assert error.details["exception"] == "RuntimeError"
+    assert error.details["node"] == "grow_shrink"
+    assert error.location is not None
+    assert error.location.file == "decomp_custom_op.py"
+    assert error.location.line == _line_of("decomp_custom_op", "y = torch.ops.tp_decomp")
+
+
+def test_failure_no_kept_op_can_fix_is_decomposition_failed() -> None:
+    with pytest.raises(DecompositionFailed) as caught:
+        _decompose("decomp_resize_inline")
+    error = caught.value
+    assert error.code == "decomposition_failed"
+    assert error.details["exception"] == "RuntimeError"
+    assert error.details["node_target"] == "aten.slice.Tensor"
+    assert "aten.linear.default" in error.details["ops"]
+    assert error.location is not None
+    assert error.location.file == "decomp_resize_inline.py"
+    assert error.location.line == _line_of("decomp_resize_inline", "copy_(x.flatten())")
+    assert error.to_body().code == "decomposition_failed"
+
+
+def test_shrink_finds_a_one_minimal_set() -> None:
+    needed = {"b", "e"}
+    calls: list[list[str]] = []
+
+    def passes(trial: list[str]) -> bool:
+        calls.append(trial)
+        return needed <= set(trial)
+
+    assert shrink(list("abcdefgh"), passes) == ["b", "e"]
+    assert all(trial for trial in calls)  # the empty set is known to fail, never tried
+
+
+def test_shrink_keeps_a_set_where_every_element_is_needed() -> None:
+    assert shrink(["x", "y", "z"], lambda trial: len(trial) == 3) == ["x", "y", "z"]
+    assert shrink(["only"], lambda trial: False) == ["only"]
