@@ -20,8 +20,19 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from engine import decomposition, diagnostics, documents, draft, environment, loading
-from engine import portability, roundtrip, tracing, verification
+from engine import (
+    decomposition,
+    diagnostics,
+    documents,
+    draft,
+    dynamic_shapes,
+    environment,
+    loading,
+    portability,
+    roundtrip,
+    tracing,
+    verification,
+)
 from engine.errors import ExportError, InternalError, SerializationFailed, VerificationFailed
 from engine.model import LoadedModel, Upload
 from engine.source_map import SourceMap
@@ -132,14 +143,14 @@ def run_export(
     run = _Run(request, progress)
     artifacts: dict[str, Path] = {}
     error: ErrorBody | None = None
-    loaded: LoadedModel | None = None
     try:
-        loaded = _export(run, artifacts, roundtrip_runner or roundtrip.run_in_subprocess)
+        _export(run, artifacts, roundtrip_runner or roundtrip.run_in_subprocess)
     except ExportError as exc:
-        error = _finish_error(run, exc, loaded=None)
+        error = _finish_error(run, exc)
     except Exception as exc:  # classified once, in diagnostics
-        classified = diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
-        error = _finish_error(run, classified, loaded=None)
+        error = _finish_error(
+            run, diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
+        )
     if error is not None:
         for name in (PROGRAM, GRAPH, SIGNATURE):
             (request.out_dir / name).unlink(missing_ok=True)
@@ -168,7 +179,6 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
     request, options = run.request, run.request.options
     with run.step("loading", "importing the uploaded module"):
         loaded = loading.load(request.upload, options, request.work_dir)
-        run.sections["loaded"] = loaded
         made = portability.make_portable(
             loaded.module,
             loaded.args,
@@ -192,16 +202,16 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
             traced = tracing.trace(loaded, options, spec, source)
         except ExportError as exc:
             run.sections["tracing"] = getattr(exc, "tracing_report", run.sections["tracing"])
-            if options.draft_report:
-                run.sections["draft_export"] = draft.draft_issues(
-                    loaded, spec, strict=options.strict is True
-                )
+            if options.draft_report and exc.code in DRAFT_WORTHY:
+                run.sections["draft_export"] = _draft(loaded, spec, source)
             raise
         run.sections["tracing"] = traced.report
         applied = traced.report.dynamic_shapes.applied
 
     with run.step("decomposing", f"run_decompositions ({options.decomposition.mode})"):
-        decomposed = decomposition.decompose(traced.ep, options.decomposition)
+        decomposed = decomposition.decompose(
+            traced.ep, options.decomposition, source_map=loaded.source_map
+        )
         run.sections["decomposition"] = decomposed.report
         run.warnings.extend(decomposed.warnings)
         ep = decomposed.ep
@@ -248,6 +258,22 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
             _check_roundtrip(run, ep, loaded, program, roundtrip_runner)
 
 
+DRAFT_WORTHY = frozenset(
+    {"data_dependent", "dynamic_shape_violation", "missing_fake_kernel", "unsupported_python"}
+)
+"""Tracing failures after which draft export finds more (and every) issue."""
+
+
+def _draft(loaded: LoadedModel, spec: Any, source: str) -> list[Any]:
+    """draft_export's issue list; non-strict, since strict drafts stop at graph breaks."""
+    if source == "options":
+        try:
+            spec = dynamic_shapes.to_torch(spec, loaded.module, loaded.args, loaded.kwargs)
+        except ExportError:
+            spec = None
+    return draft.draft_issues(loaded, spec, strict=False)
+
+
 def _check_roundtrip(
     run: _Run,
     ep: torch.export.ExportedProgram,
@@ -273,7 +299,7 @@ def _check_roundtrip(
         )
 
 
-def _finish_error(run: _Run, exc: ExportError, loaded: LoadedModel | None) -> ErrorBody:
+def _finish_error(run: _Run, exc: ExportError) -> ErrorBody:
     if exc.stage is None:
         exc.stage = run.stage
     body = exc.to_body()

@@ -5,6 +5,7 @@ dynamic_shapes := "auto" | {arg_name: arg_spec, ...} | [arg_spec, ...]
 arg_spec       := null | {dim_index: dim, ...} | [dim | null, ...] | nested list/dict
 dim            := {"name": "batch", "min": 1, "max": 64} | "batch" | "2*batch" | "batch+1"
                 | "2*batch+1" | "auto" | "dynamic" | "static" | 7
+                | {"name": "half", "min": 1, "expr": "2*half"}   (a root only used derived)
 ```
 Whether a list or dict is a per-dimension spec or mirrors a container argument is
 decided against the example inputs, by the engine.
@@ -13,9 +14,9 @@ decided against the example inputs, by the engine.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 from typing_extensions import TypeAliasType
 
 from schemas._base import StrictModel
@@ -29,14 +30,6 @@ DIM_EXPRESSION = re.compile(
 """`name`, `k*name`, `name+c`, `name-c`, `k*name+c` (the keywords are matched first)."""
 
 
-class DimDeclaration(StrictModel):
-    """Declares a named dimension; other places refer to it by name."""
-
-    name: Annotated[str, Field(pattern=f"^{DIM_NAME_PATTERN}$")]
-    min: Annotated[int | None, Field(ge=0)] = None
-    max: Annotated[int | None, Field(ge=0)] = None
-
-
 DimExpression = Annotated[
     str,
     Field(
@@ -44,6 +37,27 @@ DimExpression = Annotated[
         description='A reference ("batch"), a derived dim ("2*batch+1") or auto/dynamic/static.',
     ),
 ]
+
+
+class DimDeclaration(StrictModel):
+    """Declares a named dimension; other places refer to it by name."""
+
+    name: Annotated[str, Field(pattern=f"^{DIM_NAME_PATTERN}$")]
+    min: Annotated[int | None, Field(ge=0)] = None
+    max: Annotated[int | None, Field(ge=0)] = None
+    expr: DimExpression | None = Field(
+        default=None,
+        description=(
+            'This position holds an expression of the declared dim, e.g. "2*half" with '
+            'name "half": for a root that appears only inside derived dims.'
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A declaration is written as users write it: unset bounds are left out.
+        return {key: value for key, value in handler(self).items() if value is not None}
+
 
 ArgSpec = TypeAliasType(  # type: ignore[misc]
     "ArgSpec",

@@ -139,6 +139,10 @@ class DraftIssue(StrictModel):
     location: SourceLocation | None = None
     hint: str | None = None
     xfail: bool = False
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Machine-readable facts: the guard expression, its symbols, the operator.",
+    )
 
 
 class ModelSummary(StrictModel):
