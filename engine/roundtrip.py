@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,9 +30,10 @@ import torch.utils._pytree as pytree
 if TYPE_CHECKING:
     from schemas import RoundtripCheck
 
-__all__ = ["check_saved", "main", "run_in_subprocess", "write_payload"]
+__all__ = ["check_saved", "flatten_with_paths", "main", "run_in_subprocess", "write_payload"]
 
-_PAYLOAD_VERSION = 1
+_PAYLOAD_VERSION = 2
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def write_payload(
@@ -43,14 +45,17 @@ def write_payload(
     """Save example inputs and the exported program's outputs for `check_saved`.
 
     `expected_outputs` are the outputs of `ep.module()` run in the exporting process,
-    so the fresh process must reproduce them exactly. Only tensors, plain containers
-    and Python scalars may appear, so `torch.load(weights_only=True)` reads the file.
+    so the fresh process must reproduce them exactly. Only the leaves are stored (with
+    the outputs' paths): the loading process rebuilds the inputs with the program's own
+    input spec, so containers of the user's types never need unpickling and
+    `torch.load(weights_only=True)` reads the file.
     """
+    expected = flatten_with_paths(expected_outputs)[0]
     payload = {
         "version": _PAYLOAD_VERSION,
-        "args": _detached(tuple(args)),
-        "kwargs": _detached(dict(kwargs)),
-        "expected": _detached(expected_outputs),
+        "inputs": _detached(pytree.tree_leaves((tuple(args), dict(kwargs)))),
+        "expected": _detached([leaf for _, leaf in expected]),
+        "expected_paths": [path for path, _ in expected],
     }
     torch.save(payload, os.fspath(path))
 
@@ -89,12 +94,15 @@ def check_saved(
         export_log.removeHandler(captured)
 
     try:
+        args, kwargs = pytree.tree_unflatten(payload["inputs"], ep.call_spec.in_spec)
         with torch.no_grad():
-            actual = ep.module()(*payload["args"], **payload["kwargs"])
+            actual = ep.module()(*args, **kwargs)
     except Exception as exc:
         return result("failed", reason=f"run failed: {_describe(exc)}")
 
-    outputs, structure_reason = _compare_bitwise(payload["expected"], actual)
+    outputs, structure_reason = _compare_bitwise(
+        payload["expected_paths"], payload["expected"], actual
+    )
     equal = structure_reason is None and all(o["passed"] for o in outputs)
     return result(
         "passed" if equal else "failed",
@@ -115,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_in_subprocess(
-    pt2_path: Path, payload_path: Path, timeout_s: float = 120
-) -> RoundtripCheck:
+def run_in_subprocess(pt2_path: Path, payload_path: Path, timeout_s: float = 120) -> RoundtripCheck:
     """Run `check_saved` in a fresh, isolated interpreter that has imported only torch.
 
     `-I` ignores PYTHON* variables, the user site and the current directory; the
@@ -182,27 +188,55 @@ class _CapturedErrors(logging.Handler):
 
 
 def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
+    lines = _ANSI.sub("", str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def _detached(tree: Any) -> Any:
-    return pytree.tree_map(
-        lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, tree
-    )
+    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, tree)
 
 
-def _compare_bitwise(expected: Any, actual: Any) -> tuple[list[dict[str, Any]], str | None]:
-    expected_leaves, expected_spec = pytree.tree_flatten_with_path(expected)
-    actual_leaves, actual_spec = pytree.tree_flatten_with_path(actual)
-    if len(expected_leaves) != len(actual_leaves):
+def flatten_with_paths(tree: Any) -> tuple[list[tuple[str, Any]], pytree.TreeSpec]:
+    """Leaves with their `keystr` paths, and the spec.
+
+    Unlike `tree_flatten_with_path`, a node registered without key support (as
+    Hugging Face's ModelOutput is) does not raise: its children get `[i]` paths.
+    """
+    leaves: list[tuple[str, Any]] = []
+    _walk(tree, "", leaves)
+    return leaves, pytree.tree_structure(tree)
+
+
+def _walk(tree: Any, prefix: str, leaves: list[tuple[str, Any]]) -> None:
+    node_type = pytree._get_node_type(tree)
+    node = pytree.SUPPORTED_NODES.get(node_type)
+    if node is None:
+        leaves.append((prefix, tree))
+        return
+    if node.flatten_with_keys_fn is not None:
+        keyed, _ = node.flatten_with_keys_fn(tree)
+        for key, child in keyed:
+            _walk(child, prefix + pytree.keystr((key,)), leaves)
+        return
+    children, _ = node.flatten_fn(tree)
+    for index, child in enumerate(children):
+        _walk(child, f"{prefix}[{index}]", leaves)
+
+
+def _compare_bitwise(
+    expected_paths: list[str], expected: list[Any], actual: Any
+) -> tuple[list[dict[str, Any]], str | None]:
+    actual_leaves = flatten_with_paths(actual)[0]
+    if len(expected) != len(actual_leaves):
         return [], (
-            f"the loaded program returned {len(actual_leaves)} outputs, "
-            f"expected {len(expected_leaves)}"
+            f"the loaded program returned {len(actual_leaves)} outputs, expected {len(expected)}"
         )
-    outputs = []
-    for (path, e), (_, a) in zip(expected_leaves, actual_leaves, strict=True):
-        outputs.append(_compare_leaf(pytree.keystr(path), e, a))
+    outputs = [
+        _compare_leaf(path, e, a)
+        for path, e, (_, a) in zip(expected_paths, expected, actual_leaves, strict=True)
+    ]
+    if [path for path, _ in actual_leaves] != expected_paths:
+        return outputs, "the loaded program returned its outputs in other containers"
     return outputs, None
 
 

@@ -1,0 +1,464 @@
+"""The VERIFY stage: the exported program against eager PyTorch.
+
+`verify` runs the model eagerly and `ep.module()` on the example inputs and on extra
+inputs drawn inside the program's dynamic ranges (each symbol at its minimum, at its
+maximum, then at random values in between; derived dimensions such as `dimx + 1`
+follow from the program's own shape expressions), and compares every output leaf, every
+mutated buffer and every input changed in place (reported with the buffers, under its
+input path such as `args[0]`). The save → load round trip is `engine.roundtrip`'s job.
+
+When the model was wrapped for portability (`engine.portability`), pass the wrapper
+and its plain inputs: eager and exported then take and return the same structures.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+
+from engine.roundtrip import flatten_with_paths
+from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
+
+__all__ = ["default_tolerance", "verify"]
+
+_EPS = 1e-7
+"""The denominator guard of the relative error, as in torch.onnx's verification report."""
+
+_UNBOUNDED_FLOOR = 8
+"""An unbounded symbol is drawn up to max(2 * its example value, its minimum + this)."""
+
+_MAX_ELEMENTS = 1 << 24
+"""A drawn input larger than this and than 16 * its example is not allocated."""
+
+_LOW_PRECISION = {torch.float16, torch.bfloat16}
+
+
+def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) used when the options leave them unset: exact for integers and bool."""
+    # float8 types are coarser still; they get the half-precision defaults too.
+    if dtype in _LOW_PRECISION or (dtype.is_floating_point and dtype.itemsize == 1):
+        return 1e-3, 1.6e-2
+    if dtype.is_floating_point or dtype.is_complex:
+        return 1e-5, 1.3e-6
+    return 0.0, 0.0
+
+
+def verify(
+    ep: torch.export.ExportedProgram,
+    pristine: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: VerifyOptions,
+    *,
+    seed: int = 0,
+) -> VerificationReport:
+    """Compare `ep` with eager `pristine` on the example and on sampled inputs.
+
+    Args:
+        ep: the program to check (decomposed or not).
+        pristine: the module `ep` was exported from, in its state before any run;
+            it is deep-copied for every run, never run itself.
+        args, kwargs: the example inputs `ep` was exported with.
+        opts: tolerances and the number of extra samples.
+        seed: makes the sampled sizes and values reproducible.
+
+    Returns:
+        The report; `passed` is true when every check that was not skipped passed.
+    """
+    if not opts.enabled:
+        return VerificationReport(enabled=False)
+    started = time.perf_counter()
+    # ep.module() shares its state tensors with ep: every run gets a deep copy, so a
+    # buffer mutation never leaks into the next run, nor into the program later saved.
+    template = ep.module()
+    samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts)]
+    if opts.samples:
+        for label, symbols, inputs in _draw_samples(ep, args, kwargs, opts.samples, seed):
+            if isinstance(inputs, str):
+                samples.append(
+                    SampleCheck(label=label, symbols=symbols, status="skipped", reason=inputs)
+                )
+                continue
+            sample_args, sample_kwargs = inputs
+            samples.append(
+                _run_sample(
+                    label, symbols, ep, template, pristine, sample_args, sample_kwargs, opts
+                )
+            )
+    passed = all(s.status == "passed" for s in samples if s.status != "skipped")
+    return VerificationReport(
+        enabled=True,
+        passed=passed,
+        samples=samples,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+# --- one run ---------------------------------------------------------------------------
+
+
+def _run_sample(
+    label: str,
+    symbols: dict[str, int],
+    ep: torch.export.ExportedProgram,
+    template: torch.nn.Module,
+    pristine: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: VerifyOptions,
+) -> SampleCheck:
+    shapes = _input_shapes(args, kwargs)
+    common: dict[str, Any] = {"label": label, "symbols": symbols, "input_shapes": shapes}
+    eager = copy.deepcopy(pristine)
+    eager_before = _buffers(eager)
+    try:
+        with torch.no_grad():
+            eager_args, eager_kwargs = copy.deepcopy((tuple(args), dict(kwargs)))
+            expected = eager(*eager_args, **eager_kwargs)
+    except Exception as exc:
+        if label == "example":
+            return SampleCheck(status="failed", reason=f"eager run: {_describe(exc)}", **common)
+        # The model itself rejects this input (data-dependent indexing and the like):
+        # nothing to compare, and nothing wrong with the program.
+        return SampleCheck(status="skipped", reason=f"eager run: {_describe(exc)}", **common)
+
+    exported = copy.deepcopy(template)
+    exported_before = _buffers(exported)
+    try:
+        with torch.no_grad():
+            exported_args, exported_kwargs = copy.deepcopy((tuple(args), dict(kwargs)))
+            actual = exported(*exported_args, **exported_kwargs)
+    except Exception as exc:
+        return SampleCheck(status="failed", reason=f"exported run: {_describe(exc)}", **common)
+
+    outputs, reason = _compare_outputs(expected, actual, opts)
+    buffers = _compare_buffers(ep, eager, eager_before, exported, exported_before, opts)
+    buffers += _compare_input_mutations(
+        (args, kwargs), (eager_args, eager_kwargs), (exported_args, exported_kwargs), opts
+    )
+    ok = reason is None and all(c.passed for c in [*outputs, *buffers])
+    return SampleCheck(
+        status="passed" if ok else "failed",
+        reason=reason,
+        outputs=outputs,
+        buffers=buffers,
+        **common,
+    )
+
+
+def _compare_outputs(
+    expected: Any, actual: Any, opts: VerifyOptions
+) -> tuple[list[OutputCheck], str | None]:
+    expected_leaves = pytree.tree_leaves(expected)
+    actual_paths = flatten_with_paths(actual)[0]
+    if len(expected_leaves) != len(actual_paths):
+        return [], (
+            f"the exported program returned {len(actual_paths)} output leaves, "
+            f"eager returned {len(expected_leaves)}"
+        )
+    # Compared by position: a portable wrapper may have renamed the containers, not the
+    # leaves; paths are the exported program's.
+    checks = [
+        compare_leaf(path, e, a, opts)
+        for e, (path, a) in zip(expected_leaves, actual_paths, strict=True)
+    ]
+    return checks, None
+
+
+def _compare_buffers(
+    ep: torch.export.ExportedProgram,
+    eager: torch.nn.Module,
+    eager_before: dict[str, torch.Tensor],
+    exported: torch.nn.Module,
+    exported_before: dict[str, torch.Tensor],
+    opts: VerifyOptions,
+) -> list[OutputCheck]:
+    # A functional program lists its mutations; a training-IR program mutates in place
+    # and lists none, so any buffer that changed on either side is compared too.
+    names = set(ep.graph_signature.buffers_to_mutate.values())
+    eager_after = _buffers(eager)
+    exported_after = _buffers(exported)
+    for name, before in eager_before.items():
+        if name in eager_after and not _same(before, eager_after[name]):
+            names.add(name)
+    for name, before in exported_before.items():
+        if name in exported_after and not _same(before, exported_after[name]):
+            names.add(name)
+    checks = []
+    for name in sorted(names):
+        e, a = eager_after.get(name), exported_after.get(name)
+        if e is None or a is None:
+            side = "eager model" if e is None else "exported program"
+            checks.append(OutputCheck(path=name, passed=False, message=f"not in the {side}"))
+            continue
+        checks.append(compare_leaf(name, e, a, opts))
+    return checks
+
+
+def _compare_input_mutations(
+    original: tuple[tuple[Any, ...], dict[str, Any]],
+    eager: tuple[tuple[Any, ...], dict[str, Any]],
+    exported: tuple[tuple[Any, ...], dict[str, Any]],
+    opts: VerifyOptions,
+) -> list[OutputCheck]:
+    """Inputs the model changed in place on either side, compared like buffers."""
+    checks = []
+    for (path, before), (_, e), (_, a) in zip(
+        _input_leaves(*original), _input_leaves(*eager), _input_leaves(*exported), strict=True
+    ):
+        if not isinstance(before, torch.Tensor):
+            continue
+        if _same(before, e) and isinstance(a, torch.Tensor) and _same(before, a):
+            continue
+        checks.append(compare_leaf(path, e, a, opts))
+    return checks
+
+
+def compare_leaf(path: str, expected: Any, actual: Any, opts: VerifyOptions) -> OutputCheck:
+    """One leaf: shapes, dtypes, max abs/rel error and allclose (equality for non-tensors)."""
+    if not isinstance(expected, torch.Tensor):
+        same = type(expected) is type(actual) and expected == actual
+        return OutputCheck(
+            path=path,
+            dtype=type(expected).__name__,
+            passed=bool(same),
+            message=None if same else "values differ",
+        )
+    atol, rtol = default_tolerance(expected.dtype)
+    atol = opts.atol if opts.atol is not None else atol
+    rtol = opts.rtol if opts.rtol is not None else rtol
+    check: dict[str, Any] = {
+        "path": path,
+        "shape": list(expected.shape),
+        "dtype": _dtype_name(expected.dtype),
+        "atol": atol,
+        "rtol": rtol,
+    }
+    if not isinstance(actual, torch.Tensor):
+        return OutputCheck(passed=False, message="exported value is not a tensor", **check)
+    if actual.shape != expected.shape:
+        return OutputCheck(passed=False, message=f"shape {list(actual.shape)}", **check)
+    if actual.dtype != expected.dtype:
+        message = f"dtype {_dtype_name(actual.dtype)}"
+        return OutputCheck(passed=False, message=message, **check)
+    e, a = expected.detach().cpu(), actual.detach().cpu()
+    abs_err, rel_err = _errors(e, a)
+    if e.is_floating_point() or e.is_complex():
+        passed = bool(torch.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True))
+    else:
+        passed = bool(torch.equal(a, e))
+    return OutputCheck(
+        passed=passed,
+        max_abs_error=abs_err,
+        max_rel_error=rel_err,
+        message=None if passed else "outside tolerance",
+        **check,
+    )
+
+
+def _errors(e: torch.Tensor, a: torch.Tensor) -> tuple[float | None, float | None]:
+    if e.numel() == 0:
+        return 0.0, 0.0
+    wide = torch.complex128 if e.is_complex() else torch.float64
+    e64, a64 = e.to(wide), a.to(wide)
+    diff = (e64 - a64).abs()
+    rel = diff / (e64.abs() + _EPS)
+    # NaN at the same place on both sides is agreement; elsewhere it is the largest error.
+    both_nan = e64.isnan() & a64.isnan()
+    diff = diff.masked_fill(both_nan, 0.0)
+    rel = rel.masked_fill(both_nan, 0.0)
+    return float(diff.max()), float(rel.max())
+
+
+# --- sampled inputs --------------------------------------------------------------------
+
+
+@dataclass
+class _Symbol:
+    lower: int
+    upper: int
+
+
+def _draw_samples(
+    ep: torch.export.ExportedProgram,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    count: int,
+    seed: int,
+) -> list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]]:
+    """`count` labelled inputs, or one reason why none can be drawn (no symbols: none)."""
+    user_vals = _user_input_values(ep)
+    flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    if len(user_vals) != len(flat):
+        return [
+            (
+                "min",
+                {},
+                f"{len(user_vals)} program inputs for {len(flat)} example input leaves",
+            )
+        ]
+    symbols = _symbols(ep, user_vals, flat)
+    if not symbols:
+        return []
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    ordered = sorted(symbols, key=str)
+    drawn: list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]] = []
+    for index in range(count):
+        if index == 0:
+            label, values = "min", {s: symbols[s].lower for s in ordered}
+        elif index == 1:
+            label, values = "max", {s: symbols[s].upper for s in ordered}
+        else:
+            label = f"random-{index - 1}"
+            values = {s: rng.randint(symbols[s].lower, symbols[s].upper) for s in ordered}
+        names = {str(s): v for s, v in values.items()}
+        try:
+            leaves = [
+                _make_leaf(val, example, values, generator)
+                for val, example in zip(user_vals, flat, strict=True)
+            ]
+        except ValueError as exc:
+            drawn.append((label, names, str(exc)))
+            continue
+        sample_args, sample_kwargs = pytree.tree_unflatten(leaves, spec)
+        drawn.append((label, names, (sample_args, sample_kwargs)))
+    return drawn
+
+
+def _user_input_values(ep: torch.export.ExportedProgram) -> list[Any]:
+    """The fake value of each user input, in the order of the flattened (args, kwargs)."""
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    values = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
+            continue
+        node = placeholders.get(spec.arg.name)
+        if node is not None and "val" in node.meta:
+            values.append(node.meta["val"])
+        else:
+            values.append(getattr(spec.arg, "value", None))
+    return values
+
+
+def _symbols(
+    ep: torch.export.ExportedProgram, user_vals: list[Any], flat: list[Any]
+) -> dict[sympy.Symbol, _Symbol]:
+    """Every free symbol of the inputs' shapes with the range to draw it from."""
+    examples: dict[sympy.Symbol, int] = {}
+    free: set[sympy.Symbol] = set()
+    for val, example in zip(user_vals, flat, strict=True):
+        if not isinstance(val, torch.Tensor) or not isinstance(example, torch.Tensor):
+            continue
+        for dim, size in zip(val.shape, example.shape, strict=True):
+            if isinstance(dim, torch.SymInt):
+                expr = dim.node.expr
+                free |= expr.free_symbols
+                if isinstance(expr, sympy.Symbol):
+                    examples.setdefault(expr, int(size))
+    ranges = {str(k): v for k, v in ep.range_constraints.items()}
+    symbols = {}
+    for symbol in free:
+        bounds = ranges.get(str(symbol))
+        lower = int(bounds.lower) if bounds is not None and _finite(bounds.lower) else 0
+        if bounds is not None and _finite(bounds.upper):
+            upper = int(bounds.upper)
+        else:
+            upper = max(2 * examples.get(symbol, lower), lower + _UNBOUNDED_FLOOR)
+        symbols[symbol] = _Symbol(lower=lower, upper=max(lower, upper))
+    return symbols
+
+
+def _make_leaf(
+    val: Any,
+    example: Any,
+    values: dict[sympy.Symbol, int],
+    generator: torch.Generator,
+) -> Any:
+    if not isinstance(example, torch.Tensor) or not isinstance(val, torch.Tensor):
+        return example
+    shape = []
+    for dim in val.shape:
+        if isinstance(dim, torch.SymInt):
+            size = dim.node.expr.subs(values)
+            if not size.is_Integer:
+                raise ValueError(f"could not evaluate the size {dim.node.expr}")
+            if int(size) < 0:
+                raise ValueError(f"the size {dim.node.expr} is negative for these values")
+            shape.append(int(size))
+        else:
+            shape.append(int(dim))
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel > max(_MAX_ELEMENTS, 16 * example.numel()):
+        raise ValueError(f"an input of shape {shape} is too large to draw")
+    return _random_like(example, shape, generator)
+
+
+def _random_like(example: torch.Tensor, shape: list[int], generator: torch.Generator) -> Any:
+    dtype = example.dtype
+    if dtype == torch.bool:
+        out = torch.randint(0, 2, shape, generator=generator).bool()
+    elif dtype.is_floating_point or dtype.is_complex:
+        out = torch.randn(shape, generator=generator, dtype=torch.float64)
+        if dtype.is_complex:
+            imag = torch.randn(shape, generator=generator, dtype=torch.float64)
+            out = torch.complex(out, imag)
+        out = out.to(dtype)
+    else:
+        # Integers often index or count: stay inside the example's own value range.
+        low, high = (0, 1)
+        if example.numel():
+            low, high = int(example.min()), int(example.max())
+        out = torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64)
+        out = out.to(dtype)
+    return out.to(example.device).requires_grad_(example.requires_grad)
+
+
+# --- small pieces ----------------------------------------------------------------------
+
+
+def _input_shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, list[int | str]]:
+    return {
+        path: list(leaf.shape)
+        for path, leaf in _input_leaves(args, kwargs)
+        if isinstance(leaf, torch.Tensor)
+    }
+
+
+def _input_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Input leaves with paths like `args[0]` and `kwargs['mask']`."""
+    leaves = []
+    for prefix, tree in (("args", tuple(args)), ("kwargs", dict(kwargs))):
+        leaves += [(prefix + path, leaf) for path, leaf in flatten_with_paths(tree)[0]]
+    return leaves
+
+
+def _buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: b.detach().clone() for name, b in module.named_buffers()}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _finite(bound: Any) -> bool:
+    # torch's int_oo is a sympy number whose is_finite is not False.
+    return isinstance(bound, sympy.Integer)

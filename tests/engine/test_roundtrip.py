@@ -1,0 +1,210 @@
+"""The save → load → run check in a fresh torch-only process, compared bit for bit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from engine import roundtrip
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def fixture(name: str) -> ModuleType:
+    """Import a model file once: some register pytree types, which cannot happen twice."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, MODELS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class Affine(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> dict[str, Any]:
+        y = self.linear(x) * scale
+        return {"y": y, "parts": (y.argmax(-1), -torch.zeros(2))}
+
+
+def saved(
+    tmp_path: Path,
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+) -> tuple[Path, Path, Any]:
+    kwargs = kwargs or {}
+    ep = torch.export.export(model, args, kwargs)
+    pt2, payload = tmp_path / "program.pt2", tmp_path / "payload.pt"
+    torch.export.save(ep, pt2)
+    with torch.no_grad():
+        expected = ep.module()(*args, **kwargs)
+    roundtrip.write_payload(payload, args, kwargs, expected)
+    return pt2, payload, expected
+
+
+@pytest.fixture
+def affine(tmp_path: Path) -> tuple[Path, Path, Any]:
+    torch.manual_seed(0)
+    return saved(tmp_path, Affine(), (torch.randn(4, 3),), {"scale": torch.tensor(2.0)})
+
+
+def test_a_plain_model_roundtrips_bit_for_bit_in_a_fresh_process(
+    affine: tuple[Path, Path, Any],
+) -> None:
+    pt2, payload, _ = affine
+    check = roundtrip.run_in_subprocess(pt2, payload)
+    assert check.status == "passed"
+    assert check.bitwise_equal is True
+    assert check.loader == "subprocess"
+    assert check.duration_s is not None and check.duration_s > 0
+    assert [(o.path, o.shape, o.dtype, o.passed) for o in check.outputs] == [
+        ("['y']", [4, 2], "float32", True),
+        ("['parts'][0]", [4], "int64", True),
+        ("['parts'][1]", [2], "float32", True),
+    ]
+    assert all(o.max_abs_error == 0.0 for o in check.outputs)
+
+
+def test_the_payload_loads_with_weights_only(affine: tuple[Path, Path, Any]) -> None:
+    _, payload, _ = affine
+    data = torch.load(payload, weights_only=True)
+    assert data["expected_paths"] == ["['y']", "['parts'][0]", "['parts'][1]"]
+    assert [tuple(t.shape) for t in data["inputs"]] == [(4, 3), ()]
+
+
+def test_a_tampered_expected_output_is_not_bitwise_equal(
+    affine: tuple[Path, Path, Any],
+) -> None:
+    pt2, payload, _ = affine
+    data = torch.load(payload, weights_only=True)
+    data["expected"][0] = data["expected"][0] + 0.25
+    torch.save(data, payload)
+    result = roundtrip.check_saved(pt2, payload)
+    assert result["status"] == "failed"
+    assert result["bitwise_equal"] is False
+    first, second, third = result["outputs"]
+    assert first["passed"] is False
+    assert first["max_abs_error"] == pytest.approx(0.25)
+    assert second["passed"] is True and third["passed"] is True
+
+
+def test_negative_zero_is_not_bitwise_equal_to_zero(affine: tuple[Path, Path, Any]) -> None:
+    pt2, payload, expected = affine
+    assert bool(expected["parts"][1].signbit().all())  # the model returns -0.0
+    data = torch.load(payload, weights_only=True)
+    data["expected"][2] = torch.zeros(2)
+    torch.save(data, payload)
+    result = roundtrip.check_saved(pt2, payload)
+    assert result["bitwise_equal"] is False
+    assert [o["passed"] for o in result["outputs"]] == [True, True, False]
+
+
+class NaNs(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+def test_nan_at_the_same_positions_is_equal(tmp_path: Path) -> None:
+    pt2, payload, expected = saved(tmp_path, NaNs(), (torch.tensor([1.0, -1.0, 2.0]),))
+    assert int(expected.isnan().sum()) == 1
+    result = roundtrip.check_saved(pt2, payload)
+    assert result["status"] == "passed"
+    assert result["bitwise_equal"] is True
+
+    data = torch.load(payload, weights_only=True)
+    data["expected"][0] = torch.tensor([float("nan"), float("nan"), 2.0]).log()
+    torch.save(data, payload)
+    assert roundtrip.check_saved(pt2, payload)["bitwise_equal"] is False
+
+
+def test_a_type_registered_in_user_code_fails_to_load_in_a_fresh_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Saving works (the type has a serialized name); a torch-only loader cannot rebuild it."""
+    hf = fixture("verify_hf_output")
+    pt2, payload, _ = saved(tmp_path, hf.model, hf.example_args)
+
+    # torch 2.13 logs the weights_only fallback for the namedtuple example input with a
+    # broken format string; pytest's log capture would raise on it.
+    caplog.set_level(logging.ERROR, logger="torch._export.serde.serialize")
+    here = roundtrip.check_saved(pt2, payload)  # this process imported the fixture
+    assert here["status"] == "passed"
+
+    check = roundtrip.run_in_subprocess(pt2, payload)
+    assert check.status == "failed"
+    assert check.bitwise_equal is None
+    assert check.reason is not None
+    assert check.reason.startswith("load failed: ModuleNotFoundError")
+    assert "verify_hf_output" in check.reason
+
+
+def test_an_unreadable_program_is_reported_not_raised(
+    affine: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
+    _, payload, _ = affine
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"not a zip file")
+    result = roundtrip.check_saved(broken, payload)
+    assert result["status"] == "failed"
+    assert result["reason"].startswith("load failed: ")
+
+
+def test_the_module_entry_point_writes_the_json(
+    affine: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
+    pt2, payload, _ = affine
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-I", "-m", "engine.roundtrip", str(pt2), str(payload), str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "passed"
+    assert result["bitwise_equal"] is True
+    assert roundtrip.main([]) == 2
+
+
+def test_the_loading_process_imports_only_torch(
+    affine: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
+    pt2, payload, _ = affine
+    code = (
+        "import json, sys\n"
+        "from engine.roundtrip import check_saved\n"
+        "check_saved(sys.argv[1], sys.argv[2])\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(pt2), str(payload)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = set(json.loads(proc.stdout.splitlines()[-1]))
+    assert "torch" in loaded
+    assert not loaded & {"schemas", "pydantic", "service", "worker", "verify_hf_output"}
+
+
+def test_a_hung_loader_is_stopped(affine: tuple[Path, Path, Any]) -> None:
+    pt2, payload, _ = affine
+    check = roundtrip.run_in_subprocess(pt2, payload, timeout_s=0.01)
+    assert check.status == "failed"
+    assert check.bitwise_equal is None
