@@ -95,7 +95,7 @@ class _Run:
 
     def emit(self, fraction: float, message: str = "") -> None:
         if self.progress is not None:
-            self.progress(Progress(stage=self.stage, fraction=fraction, message=message))  # type: ignore[arg-type]
+            self.progress(Progress(stage=self.stage, fraction=fraction, message=message))
 
     @contextmanager
     def step(self, name: str, message: str) -> Iterator[None]:
@@ -107,7 +107,7 @@ class _Run:
         except BaseException:
             self.stages.append(
                 StageRecord(
-                    name=name,  # type: ignore[arg-type]
+                    name=name,
                     status="failed",
                     duration_s=time.perf_counter() - started,
                 )
@@ -115,7 +115,7 @@ class _Run:
             raise
         self.stages.append(
             StageRecord(
-                name=name,  # type: ignore[arg-type]
+                name=name,
                 status="succeeded",
                 duration_s=time.perf_counter() - started,
             )

@@ -17,8 +17,17 @@ pytestmark = pytest.mark.slow
 def export(tmp_path: Path, model: str, *extra: str) -> tuple[int, dict[str, Any], Path]:
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "torchport.cli", "export", str(MODELS / model), "--out", str(out),
-         "--json", *extra],
+        [
+            sys.executable,
+            "-m",
+            "torchport.cli",
+            "export",
+            str(MODELS / model),
+            "--out",
+            str(out),
+            "--json",
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -52,10 +61,18 @@ def test_plain_function(tmp_path: Path) -> None:
     )
     assert [spec["shape"] for spec in user_inputs(signature(out))] == [[10, 10], [10, 10]]
     assert [stage["name"] for stage in report["stages"]] == [
-        "loading", "tracing", "decomposing", "verifying", "serializing"
+        "loading",
+        "tracing",
+        "decomposing",
+        "verifying",
+        "serializing",
     ]
     assert_verified(report)
-    assert {a["name"] for a in report["artifacts"]} == {"program.pt2", "graph.json", "signature.json"}
+    assert {a["name"] for a in report["artifacts"]} == {
+        "program.pt2",
+        "graph.json",
+        "signature.json",
+    }
 
 
 def test_kwargs_with_inplace_add(tmp_path: Path) -> None:
@@ -68,13 +85,17 @@ def test_kwargs_with_inplace_add(tmp_path: Path) -> None:
 
 
 def test_conv_batchnorm_preserving_conv2d(tmp_path: Path) -> None:
-    options = json.dumps({"decomposition": {"mode": "core_aten", "preserve": ["aten.conv2d.default"]}})
+    options = json.dumps(
+        {"decomposition": {"mode": "core_aten", "preserve": ["aten.conv2d.default"]}}
+    )
     code, report, out = export(tmp_path, "docs_conv_batchnorm.py", "--options", options)
     assert code == 0
     ops_after = report["decomposition"]["ops_after"]
     assert "aten.conv2d.default" in ops_after
     assert "aten.convolution.default" not in ops_after
-    mutated = [spec["target"] for spec in signature(out)["outputs"] if spec["kind"] == "buffer_mutation"]
+    mutated = [
+        spec["target"] for spec in signature(out)["outputs"] if spec["kind"] == "buffer_mutation"
+    ]
     assert sorted(mutated) == ["bn.num_batches_tracked", "bn.running_mean", "bn.running_var"]
     example = report["verification"]["samples"][0]
     assert len(example["buffers"]) == 3 and all(b["passed"] for b in example["buffers"])
@@ -99,7 +120,9 @@ def test_shared_batch_dimension(tmp_path: Path) -> None:
 
 def test_derived_dims_given_directly(tmp_path: Path) -> None:
     spec = {"x": {"0": {"name": "dimx", "min": 3, "max": 6}}, "y": {"0": "dimx+1"}}
-    code, report, out = export(tmp_path, "docs_derived_dims.py", "--dynamic-shapes", json.dumps(spec))
+    code, report, out = export(
+        tmp_path, "docs_derived_dims.py", "--dynamic-shapes", json.dumps(spec)
+    )
     assert code == 0
     x, y = user_inputs(signature(out))
     assert isinstance(x["shape"][0], str) and isinstance(y["shape"][0], str)
@@ -108,7 +131,10 @@ def test_derived_dims_given_directly(tmp_path: Path) -> None:
 
 
 def test_derived_dims_found_by_auto_fix(tmp_path: Path) -> None:
-    spec = {"x": {"0": {"name": "dimx", "min": 3, "max": 6}}, "y": {"0": {"name": "dimy", "min": 4, "max": 7}}}
+    spec = {
+        "x": {"0": {"name": "dimx", "min": 3, "max": 6}},
+        "y": {"0": {"name": "dimy", "min": 4, "max": 7}},
+    }
     code, report, _ = export(tmp_path, "docs_derived_dims.py", "--dynamic-shapes", json.dumps(spec))
     assert code == 0
     shapes = report["tracing"]["dynamic_shapes"]
@@ -163,9 +189,21 @@ def test_bare_tensor_example_and_model_class(tmp_path: Path) -> None:
 
 def test_usage_error_exits_2_with_error_body(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "torchport.cli", "export", str(MODELS / "docs_bare_tensor.py"),
-         "--json", "--options", '{"strict": "sometimes"}', "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torchport.cli",
+            "export",
+            str(MODELS / "docs_bare_tensor.py"),
+            "--json",
+            "--options",
+            '{"strict": "sometimes"}',
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     body = json.loads(result.stdout)

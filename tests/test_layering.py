@@ -26,7 +26,15 @@ def _modules_after_import(module: str) -> set[str]:
 def test_engine_imports_no_web_queue_or_database_code(module: str) -> None:
     loaded = _modules_after_import(module)
     assert "torch" in loaded
-    assert not loaded & {"fastapi", "starlette", "celery", "kombu", "redis", "sqlalchemy", "uvicorn"}
+    assert not loaded & {
+        "fastapi",
+        "starlette",
+        "celery",
+        "kombu",
+        "redis",
+        "sqlalchemy",
+        "uvicorn",
+    }
 
 
 def test_roundtrip_loader_imports_only_torch_and_stdlib() -> None:

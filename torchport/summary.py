@@ -35,12 +35,18 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
         dec = report.decomposition
         console.print(
             f"Ops ({dec.mode}): {sum(dec.ops_after.values())} calls of {len(dec.ops_after)} ops"
-            + (f"; outside core ATen: {', '.join(dec.non_core_aten_ops)}" if dec.non_core_aten_ops else "")
+            + (
+                f"; outside core ATen: {', '.join(dec.non_core_aten_ops)}"
+                if dec.non_core_aten_ops
+                else ""
+            )
         )
 
     signature_path = out_dir / "signature.json"
     if ok and signature_path.is_file():
-        _render_signature(SignatureDocument.model_validate_json(signature_path.read_text()), console)
+        _render_signature(
+            SignatureDocument.model_validate_json(signature_path.read_text()), console
+        )
 
     if report.verification is not None and report.verification.samples:
         _render_verification(report, console)
@@ -52,14 +58,17 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
         error = report.error
         console.print(f"[bold red]error[/] [{error.code}] ({error.stage}) {error.message}")
         if error.location is not None:
-            console.print(f"  at {error.location.file}:{error.location.line}: {error.location.code or ''}")
+            console.print(
+                f"  at {error.location.file}:{error.location.line}: {error.location.code or ''}"
+            )
         if error.hint:
             console.print(f"[bold]hint:[/] {error.hint}")
         if error.exportdb:
             console.print("  related ExportDB cases: " + ", ".join(error.exportdb))
         for issue in report.draft_export or []:
             where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
-            console.print(f"  draft-export issue: {issue.type}{where}: {issue.message.splitlines()[0] if issue.message else ''}")
+            first_line = issue.message.splitlines()[0] if issue.message else ""
+            console.print(f"  draft-export issue: {issue.type}{where}: {first_line}")
     else:
         console.print(f"artifacts in {out_dir}: " + ", ".join(a.name for a in report.artifacts))
 
@@ -68,7 +77,9 @@ def _render_signature(signature: SignatureDocument, console: Console) -> None:
     table = Table("input", "kind", "shape", "dtype", title="Signature", title_justify="left")
     for spec in signature.inputs:
         if spec.kind == "user_input":
-            table.add_row(spec.pytree_path or spec.name, spec.kind, str(spec.shape), spec.dtype or "")
+            table.add_row(
+                spec.pytree_path or spec.name, spec.kind, str(spec.shape), spec.dtype or ""
+            )
     for out in signature.outputs:
         table.add_row(out.pytree_path or out.name, out.kind, str(out.shape), out.dtype or "")
     console.print(table)
@@ -83,7 +94,13 @@ def _render_signature(signature: SignatureDocument, console: Console) -> None:
 def _render_verification(report: ReportDocument, console: Console) -> None:
     assert report.verification is not None
     table = Table(
-        "sample", "output", "max abs", "max rel", "result", title="Verification", title_justify="left"
+        "sample",
+        "output",
+        "max abs",
+        "max rel",
+        "result",
+        title="Verification",
+        title_justify="left",
     )
     for sample in report.verification.samples:
         if sample.status == "skipped":
@@ -92,7 +109,7 @@ def _render_verification(report: ReportDocument, console: Console) -> None:
         for out in [*sample.outputs, *sample.buffers]:
             table.add_row(
                 sample.label,
-                out.path,
+                out.path or "output",
                 "-" if out.max_abs_error is None else f"{out.max_abs_error:.2e}",
                 "-" if out.max_rel_error is None else f"{out.max_rel_error:.2e}",
                 "[green]✓[/]" if out.passed else "[red]✗[/]",
