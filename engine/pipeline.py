@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -144,7 +145,14 @@ def run_export(
     artifacts: dict[str, Path] = {}
     error: ErrorBody | None = None
     try:
-        _export(run, artifacts, roundtrip_runner or roundtrip.run_in_subprocess)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for pattern in QUIET_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern)
+            try:
+                _export(run, artifacts, roundtrip_runner or roundtrip.run_in_subprocess)
+            finally:
+                run.warnings.extend(_torch_warnings(caught, run.source_map))
     except ExportError as exc:
         error = _finish_error(run, exc)
     except Exception as exc:  # classified once, in diagnostics
@@ -306,6 +314,32 @@ def _finish_error(run: _Run, exc: ExportError) -> ErrorBody:
     if isinstance(exc, InternalError):
         body.message = run.source_map.scrub(body.message)
     return body
+
+
+QUIET_WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r".*is deprecated.*",
+)
+"""torch's deprecation notices: about torch's own internals, nothing a user can act on."""
+
+MAX_TORCH_WARNINGS = 20
+
+
+def _torch_warnings(
+    caught: list[warnings.WarningMessage], source_map: SourceMap
+) -> list[ReportWarning]:
+    """Warnings raised while exporting, once each, with the user's file when it was theirs."""
+    seen: dict[str, ReportWarning] = {}
+    for item in caught:
+        text = source_map.scrub(str(item.message)).strip()
+        if not text or text in seen or len(seen) >= MAX_TORCH_WARNINGS:
+            continue
+        details: dict[str, Any] = {"category": item.category.__name__}
+        location = source_map.location(item.filename, item.lineno)
+        if location is not None:
+            details["location"] = location.model_dump()
+        seen[text] = ReportWarning(code="torch_warning", message=text, details=details)
+    return list(seen.values())
 
 
 def _first_failure(checked: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from schemas import ReportDocument, SignatureDocument
@@ -52,23 +53,25 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
         _render_verification(report, console)
 
     for warning in report.warnings:
-        console.print(f"[yellow]warning[/] [{warning.code}] {warning.message}")
+        console.print(f"[yellow]warning[/] \\[{warning.code}] {escape(warning.message)}")
 
     if report.error is not None:
         error = report.error
-        console.print(f"[bold red]error[/] [{error.code}] ({error.stage}) {error.message}")
+        console.print(
+            f"[bold red]error[/] \\[{error.code}] ({error.stage}) {escape(error.message)}"
+        )
         if error.location is not None:
             console.print(
                 f"  at {error.location.file}:{error.location.line}: {error.location.code or ''}"
             )
         if error.hint:
-            console.print(f"[bold]hint:[/] {error.hint}")
+            console.print(f"[bold]hint:[/] {escape(error.hint)}")
         if error.exportdb:
             console.print("  related ExportDB cases: " + ", ".join(error.exportdb))
         for issue in report.draft_export or []:
             where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
             first_line = issue.message.splitlines()[0] if issue.message else ""
-            console.print(f"  draft-export issue: {issue.type}{where}: {first_line}")
+            console.print(f"  draft-export issue: {issue.type}{where}: {escape(first_line)}")
     else:
         console.print(f"artifacts in {out_dir}: " + ", ".join(a.name for a in report.artifacts))
 

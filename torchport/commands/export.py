@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from schemas import ErrorBody, ExportOptions, Progress, ReportDocument
 from torchport.summary import render_summary
@@ -169,9 +170,9 @@ def _print_error(body: ErrorBody, as_json: bool, err: Console) -> None:
     if as_json:
         print(body.model_dump_json(indent=2))
         return
-    err.print(f"[bold red]error[/] [{body.code}] {body.message}")
+    err.print(f"[bold red]error[/] \\[{body.code}] {escape(body.message)}")
     if body.hint:
-        err.print(f"[bold]hint:[/] {body.hint}")
+        err.print(f"[bold]hint:[/] {escape(body.hint)}")
 
 
 if __name__ == "__main__":  # pragma: no cover
