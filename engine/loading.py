@@ -67,8 +67,13 @@ _module_numbers = itertools.count(1)
 _unique_names: set[str] = set()
 
 
-def load(upload: Upload, options: ExportOptions, workdir: Path) -> LoadedModel:
+def load(
+    upload: Upload, options: ExportOptions, workdir: Path, *, reference: bool = True
+) -> LoadedModel:
     """Load the uploaded model, its example inputs and weights, and run it once eagerly.
+
+    With `reference=False` the eager run is left to the caller (`run_eager`), which
+    does it only when something needs it: verification, or explaining a failure.
 
     Args:
         upload: paths of the uploaded model (`.py` or `.zip`), inputs and weights.
@@ -106,7 +111,7 @@ def load(upload: Upload, options: ExportOptions, workdir: Path) -> LoadedModel:
     if options.device == "cuda":
         model.to("cuda")
         args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), (args, kwargs))
-    outputs, buffers = run_eager(model, args, kwargs, source_map)
+    outputs, buffers = run_eager(model, args, kwargs, source_map) if reference else (None, {})
     return LoadedModel(
         module=model,
         args=args,

@@ -185,18 +185,13 @@ def run_export(
 
 def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRunner) -> None:
     request, options = run.request, run.request.options
+    reference = options.verify.enabled
     with run.step("loading", "importing the uploaded module"):
-        loaded = loading.load(request.upload, options, request.work_dir)
-        made = portability.make_portable(
-            loaded.module,
-            loaded.args,
-            loaded.kwargs,
-            loaded.eager_outputs,
-            keep_types=not options.portable,
-        )
-        run.warnings.extend(made.warnings)
-        loaded.module, loaded.args, loaded.kwargs = made.module, made.args, made.kwargs
-        pristine = copy.deepcopy(loaded.module)
+        # Without verification nothing needs the eager reference up front; it is run
+        # later only to explain a tracing failure or to map non-portable outputs.
+        loaded = loading.load(request.upload, options, request.work_dir, reference=reference)
+        made = _make_portable(run, loaded)
+        pristine = copy.deepcopy(loaded.module) if reference else loaded.module
 
     with run.step("tracing", "torch.export.export"):
         if options.dynamic_shapes is not None:
@@ -210,9 +205,23 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
             traced = tracing.trace(loaded, options, spec, source)
         except ExportError as exc:
             run.sections["tracing"] = getattr(exc, "tracing_report", run.sections["tracing"])
+            if not reference and exc.code != "invalid_request":
+                _run_reference(loaded)  # a model that fails eagerly: say that instead
             if options.draft_report and exc.code in DRAFT_WORTHY:
                 run.sections["draft_export"] = _draft(loaded, spec, source)
             raise
+        out_spec = traced.ep.call_spec.out_spec
+        if (
+            not reference
+            and not made.mapping.wrapped
+            and portability.non_portable_types_in_spec(out_spec)
+        ):
+            # Rare: outputs of types a torch-only loader lacks. Mapping them (or naming
+            # them in the warning) needs real outputs.
+            _run_reference(loaded)
+            made = _make_portable(run, loaded)
+            if made.mapping.wrapped:
+                traced = tracing.trace(loaded, options, spec, source)
         run.sections["tracing"] = traced.report
         applied = traced.report.dynamic_shapes.applied
 
@@ -264,6 +273,27 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
         _write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if options.verify.enabled and options.verify.roundtrip:
             _check_roundtrip(run, ep, loaded, program, roundtrip_runner)
+
+
+def _make_portable(run: _Run, loaded: LoadedModel) -> portability.Portable:
+    made = portability.make_portable(
+        loaded.module,
+        loaded.args,
+        loaded.kwargs,
+        loaded.eager_outputs,
+        keep_types=not run.request.options.portable,
+    )
+    run.warnings.extend(made.warnings)
+    loaded.module, loaded.args, loaded.kwargs = made.module, made.args, made.kwargs
+    return made
+
+
+def _run_reference(loaded: LoadedModel) -> None:
+    """The eager reference run, when load did not do it; raises `eager_run_failed`."""
+    if loaded.eager_outputs is None:
+        loaded.eager_outputs, loaded.eager_buffers = loading.run_eager(
+            loaded.module, loaded.args, loaded.kwargs, loaded.source_map
+        )
 
 
 DRAFT_WORTHY = frozenset(

@@ -159,6 +159,20 @@ def non_portable_types(tree: Any) -> list[type]:
     return list(found)
 
 
+def non_portable_types_in_spec(spec: pytree.TreeSpec) -> list[Any]:
+    """Like `non_portable_types`, read off a traced program's spec instead of values."""
+    found: dict[Any, None] = {}
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        if node.is_leaf():
+            continue
+        if not _portable_node(node.type, node.context):
+            found.setdefault(node.context if node.type is collections.namedtuple else node.type)
+        stack.extend(node.children_specs)
+    return list(found)
+
+
 def to_plain(tree: Any) -> Any:
     """`tree` with every non-portable container replaced by a plain one, same leaves.
 

@@ -3,9 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: bubblewrap for the sandbox's outer layer, Chromium for the browser tests.
+# System packages: bubblewrap (the sandbox's outer layer), Chromium (browser tests),
+# docker-compose and kubectl (offline validation of the compose file and Kubernetes manifests).
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v chromium >/dev/null || need+=(chromium)
+command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v kubectl >/dev/null || need+=(kubernetes-client)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null

@@ -1,0 +1,92 @@
+"""The whole engine through `run_export`: report always written, artifacts only on success."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from engine.model import Upload
+from engine.pipeline import ARTIFACT_NAMES, ExportRequest, run_export
+from schemas import ExportOptions, Progress, ReportDocument
+
+MODELS = Path(__file__).parents[1] / "models"
+SCHEMAS = Path(__file__).parents[2] / "schemas" / "json"
+
+
+def export(tmp_path: Path, model: str, options: dict[str, Any] | None = None, **kw: Any):
+    request = ExportRequest(
+        upload=Upload(model=MODELS / model),
+        options=ExportOptions.model_validate(options or {}),
+        out_dir=tmp_path / "out",
+        work_dir=tmp_path / "work",
+    )
+    return run_export(request, **kw)
+
+
+def test_success_writes_every_artifact_valid_against_its_json_schema(tmp_path: Path) -> None:
+    events: list[Progress] = []
+    result = export(tmp_path, "docs_shared_batch.py", progress=events.append)
+    assert result.succeeded
+    assert set(result.artifacts) == set(ARTIFACT_NAMES)
+    for name in ("graph", "signature", "report"):
+        document = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+        schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+        jsonschema.validate(document, schema)
+        assert document["schema_version"] == "1.0"
+    report = ReportDocument.model_validate_json((tmp_path / "out" / "report.json").read_text())
+    sizes = {a.name: a.size for a in report.artifacts}
+    assert sizes["program.pt2"] == (tmp_path / "out" / "program.pt2").stat().st_size
+    stages = [(e.stage, e.fraction) for e in events]
+    assert stages[0] == ("loading", 0.0) and stages[-1] == ("serializing", 1.0)
+    assert [s for s, f in stages if f == 1.0] == [
+        "loading",
+        "tracing",
+        "decomposing",
+        "verifying",
+        "serializing",
+    ]
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_model_failing_eagerly_is_eager_run_failed_with_or_without_verification(
+    tmp_path: Path, verify: bool
+) -> None:
+    result = export(tmp_path, "load_eager_fails.py", {"verify": {"enabled": verify}})
+    error = result.report.error
+    assert error is not None and error.code == "eager_run_failed"
+    assert error.location is not None and error.location.file == "load_eager_fails.py"
+    assert error.location.line == 13
+    assert not (tmp_path / "out" / "program.pt2").exists()
+    assert set(result.artifacts) == {"report.json"}
+
+
+def test_without_verification_non_portable_outputs_are_still_wrapped(tmp_path: Path) -> None:
+    result = export(tmp_path, "verify_hf_output.py", {"verify": {"enabled": False}})
+    assert result.succeeded
+    assert [w.code for w in result.report.warnings] == ["outputs_made_portable"]
+    signature = json.loads((tmp_path / "out" / "signature.json").read_text())
+    assert signature["portability"]["wrapped"] is True
+    assert result.report.verification is None
+
+
+def test_tracing_failure_keeps_attempts_draft_issues_and_no_program(tmp_path: Path) -> None:
+    result = export(tmp_path, "diag_data_dependent.py")
+    report = result.report
+    assert report.status == "failed"
+    assert report.error is not None and report.error.code == "data_dependent"
+    assert report.error.location is not None and report.error.location.line == 8
+    assert [s.status for s in report.stages] == ["succeeded", "failed"]
+    assert len(report.tracing.attempts) == 1 and report.tracing.attempts[0].succeeded is False
+    assert report.draft_export and report.draft_export[0].type == "data_dependent"
+    assert not (tmp_path / "out" / "program.pt2").exists()
+
+
+def test_no_server_path_leaks_into_the_report(tmp_path: Path) -> None:
+    export(tmp_path, "diag_data_dependent.py")
+    text = (tmp_path / "out" / "report.json").read_text()
+    assert str(tmp_path) not in text
+    assert str(MODELS) not in text
