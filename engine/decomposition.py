@@ -196,10 +196,12 @@ def shrink(keep: Sequence[T], passes: Callable[[list[T]], bool]) -> list[T]:
 
 
 def _table(mode: str, to_decompose: list[Any], warnings: list[ReportWarning]) -> Table:
-    # a plain dict: CustomDecompTable resolves custom ops lazily, its items() materialize them
-    base: Table = dict(torch.export.default_decompositions().items())
+    # torch's own lazy table: materializing it costs ~0.1 s, which only the search for
+    # ops to keep (on failure) pays
+    lazy = torch.export.default_decompositions()
     if mode != "custom":
-        return base
+        return lazy
+    base: Table = dict(lazy.items())
     table: Table = {}
     unavailable = []
     for op in to_decompose:
@@ -232,7 +234,7 @@ def _run(
     def attempt(keep: Iterable[Any]) -> ExportedProgram | Exception:
         key = frozenset(keep)
         if key not in results:
-            trial = {op: fn for op, fn in table.items() if op not in key}
+            trial = {op: fn for op, fn in table.items() if op not in key} if key else table
             try:
                 results[key] = ep.run_decompositions(trial)
             except Exception as exc:  # any failure of torch's pass; judged below
@@ -242,6 +244,7 @@ def _run(
     first = attempt(())
     if isinstance(first, ExportedProgram):
         return first, []
+    table = dict(table.items())
     candidates = sorted({op for op in _op_targets(ep.graph_module) if op in table}, key=str)
     if not keep_failing_ops or not candidates:
         failing = _failing_op(first, ep)

@@ -65,6 +65,8 @@ _upload_roots: list[str] = []
 _added_paths: list[str] = []
 _module_numbers = itertools.count(1)
 _unique_names: set[str] = set()
+_modules_before_uploads: set[str] = set()
+"""sys.modules as it was before the first upload: only modules added since are scanned."""
 
 
 def load(
@@ -343,8 +345,10 @@ def _forget_previous_uploads() -> None:
         if added in sys.path:
             sys.path.remove(added)
     _added_paths.clear()
-    for key, module in list(sys.modules.items()):
-        if key not in _unique_names and _from_upload(module):
+    if not _modules_before_uploads:
+        _modules_before_uploads.update(sys.modules)
+    for key in set(sys.modules) - _modules_before_uploads - _unique_names:
+        if _from_upload(sys.modules.get(key)):
             del sys.modules[key]
 
 
