@@ -90,3 +90,31 @@ def test_no_server_path_leaks_into_the_report(tmp_path: Path) -> None:
     text = (tmp_path / "out" / "report.json").read_text()
     assert str(tmp_path) not in text
     assert str(MODELS) not in text
+
+
+def test_outputs_that_differ_from_eager_fail_verification(tmp_path: Path) -> None:
+    result = export(tmp_path, "pipeline_random.py", {"verify": {"samples": 0}})
+    error = result.report.error
+    assert error is not None and error.code == "verification_failed"
+    assert error.stage == "verifying"
+    assert error.details["sample"] == "example"
+    assert error.details["max_abs_error"] > 0.1
+    assert result.report.verification is not None
+    assert result.report.verification.passed is False
+    assert not (tmp_path / "out" / "program.pt2").exists()
+
+
+def test_kept_types_torch_cannot_save_fail_serialization(tmp_path: Path) -> None:
+    result = export(tmp_path, "pipeline_namedtuple_output.py", {"portable": False})
+    error = result.report.error
+    assert error is not None and error.code == "serialization_failed"
+    assert error.stage == "serializing"
+    assert [w.code for w in result.report.warnings][:1] == ["non_portable_types"]
+
+
+def test_the_same_namedtuple_output_exports_when_portable(tmp_path: Path) -> None:
+    result = export(tmp_path, "pipeline_namedtuple_output.py")
+    assert result.succeeded
+    assert result.report.verification is not None
+    roundtrip = result.report.verification.roundtrip
+    assert roundtrip is not None and roundtrip.bitwise_equal is True
