@@ -1,0 +1,4 @@
+# Hostile: sleep forever at import.
+import time
+
+time.sleep(10**9)

@@ -1,0 +1,3 @@
+# Hostile: spin the CPU forever at import.
+while True:
+    pass

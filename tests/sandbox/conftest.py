@@ -1,0 +1,222 @@
+"""Fixtures that make a sandbox escape observable.
+
+A canary secret in the worker's environment and in a world-readable file, TCP,
+UDP and Unix-socket listeners on loopback that record anything they receive, a
+world-writable marker directory, a sibling job's directory with its own secret,
+and hashes of installed code. Hostile models are templates under tests/models
+(`hostile_*.py`) whose `TARGETS = {}` line is replaced with these addresses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import worker.sandbox
+from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings, landlock
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+CANARY = "canary-" + os.urandom(8).hex()
+SIBLING_CANARY = "sibling-" + os.urandom(8).hex()
+JOB_UID = 65534
+MARGIN_S = 4.0
+
+
+@dataclass
+class Listeners:
+    """Loopback listeners that count whatever reaches them."""
+
+    tcp_port: int = 0
+    udp_port: int = 0
+    unix_path: str = ""
+    received: list[str] = field(default_factory=list)
+    _sockets: list[socket.socket] = field(default_factory=list)
+
+    def start(self, directory: Path) -> None:
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(16)
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix_path = str(directory / "listener.sock")
+        unix.bind(self.unix_path)
+        os.chmod(self.unix_path, 0o777)
+        unix.listen(16)
+        self.tcp_port, self.udp_port = tcp.getsockname()[1], udp.getsockname()[1]
+        self._sockets = [tcp, udp, unix]
+        for sock, kind in ((tcp, "tcp"), (unix, "unix")):
+            threading.Thread(target=self._accept, args=(sock, kind), daemon=True).start()
+        threading.Thread(target=self._receive, args=(udp,), daemon=True).start()
+
+    def _accept(self, sock: socket.socket, kind: str) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            self.received.append(f"{kind} connection")
+            conn.close()
+
+    def _receive(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                data, _ = sock.recvfrom(65536)
+            except OSError:
+                return
+            self.received.append(f"udp {data!r}")
+
+    def stop(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+@dataclass
+class Arena:
+    """Everything a hostile job might reach, and the runner it runs under."""
+
+    runner: SandboxRunner
+    root: Path
+    listeners: Listeners
+    secret_file: Path
+    marker_dir: Path
+    sibling_dir: Path
+    installed: dict[Path, str]
+    zygote_pid: int
+
+    def targets(self) -> dict[str, object]:
+        return {
+            "tcp_port": self.listeners.tcp_port,
+            "udp_port": self.listeners.udp_port,
+            "unix_path": self.listeners.unix_path,
+            "secret_file": str(self.secret_file),
+            "marker_dir": str(self.marker_dir),
+            "worker_pid": os.getpid(),
+            "jobs_root": str(self.runner.jobs_root),
+            "sibling_dir": str(self.sibling_dir),
+            "sibling_file": str(self.sibling_dir / "in" / "model.py"),
+            "installed": [str(p) for p in self.installed],
+            "readable_outside": str(self.sibling_dir / "in" / "model.py"),
+        }
+
+    def model(self, name: str) -> Path:
+        """A hostile template with the targets filled in, as an upload."""
+        text = (MODELS / f"hostile_{name}.py").read_text()
+        text = text.replace("TARGETS = {}", "TARGETS = " + repr(self.targets()))
+        upload_dir = Path(tempfile.mkdtemp(dir=self.root))
+        path = upload_dir / f"{name}.py"
+        path.write_text(text)
+        return path
+
+    def run(
+        self,
+        model: Path,
+        *,
+        options: dict[str, object] | None = None,
+        inputs: Path | None = None,
+    ) -> tuple[SandboxResult, float, Path]:
+        job_dir = Path(tempfile.mkdtemp(dir=self.root))
+        started = time.monotonic()
+        result = self.runner.run(
+            SandboxJob(
+                model=model, inputs=inputs, weights=None, options=options or {}, job_dir=job_dir
+            )
+        )
+        return result, time.monotonic() - started, job_dir
+
+
+def job_processes(uid: int = JOB_UID) -> list[int]:
+    """Live processes running as the job uid."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as handle:
+                for line in handle:
+                    if line.startswith("Uid:") and int(line.split()[1]) == uid:
+                        found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def arena() -> Iterator[Arena]:
+    root = Path(tempfile.mkdtemp(prefix="torchport-hostile-"))
+    os.chmod(root, 0o755)
+    secret_file = root / "secret.txt"
+    secret_file.write_text(CANARY)
+    os.chmod(secret_file, 0o644)  # only the sandbox, not file modes, may keep it out
+    marker_dir = root / "markers"
+    marker_dir.mkdir()
+    os.chmod(marker_dir, 0o777)
+    listeners = Listeners()
+    listen_dir = root / "listen"
+    listen_dir.mkdir()
+    os.chmod(listen_dir, 0o777)
+    listeners.start(listen_dir)
+    os.environ["TORCHPORT_TEST_CANARY"] = CANARY
+    settings = SandboxSettings(work_root=root / "work", fsize_mb=64, max_log_bytes=256 << 10)
+    runner = SandboxRunner(settings).start()
+    sibling = runner.jobs_root / "other-job"
+    (sibling / "in").mkdir(parents=True)
+    (sibling / "in" / "model.py").write_text(SIBLING_CANARY)
+    for path in (sibling, sibling / "in", sibling / "in" / "model.py"):
+        os.chown(path, JOB_UID, JOB_UID)  # the same uid as every job: only Landlock stops it
+    package = Path(worker.sandbox.__file__).resolve()
+    installed = [package, Path(worker.sandbox.runner.__file__).resolve()]
+    import engine
+
+    installed.append(Path(engine.__file__).resolve())
+    assert runner.zygote_pid is not None
+    yield Arena(
+        runner=runner,
+        root=root,
+        listeners=listeners,
+        secret_file=secret_file,
+        marker_dir=marker_dir,
+        sibling_dir=sibling,
+        installed={path: digest(path) for path in installed},
+        zygote_pid=runner.zygote_pid,
+    )
+    runner.close()
+    listeners.stop()
+    os.environ.pop("TORCHPORT_TEST_CANARY", None)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def supported_layers() -> set[str]:
+    """The layers this machine supports, probed independently of the runner."""
+    from worker.sandbox import layers, lockdown
+
+    host = layers.probe(lockdown.code_paths())
+    found = {"zygote", "rlimits", "no_new_privs"}
+    if host.seccomp:
+        found.add("seccomp")
+    if landlock.abi_version() > 0:
+        found.add("landlock")
+    if host.bwrap is not None:
+        found.add("bwrap")
+    if os.geteuid() == 0:
+        found.add("uid")
+    return found
+
+
+def fresh_runner(**overrides: object) -> SandboxRunner:
+    """A runner of its own (for settings the session runner does not have)."""
+    return SandboxRunner(SandboxSettings(**overrides))  # type: ignore[arg-type]

@@ -1,0 +1,163 @@
+"""Every layer this machine supports is in force, checked by what a job can do.
+
+These tests fail (never skip) when a layer the host supports is missing, so CI
+notices a regression in the sandbox set-up rather than quietly running with less.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox.conftest import Arena, fresh_runner, job_processes, supported_layers
+from worker.sandbox import SandboxJob, SandboxUnavailable, layers
+
+
+def probe(arena_or_runner: object, model: Path, job_dir: Path) -> tuple[dict, list[str]]:
+    runner = getattr(arena_or_runner, "runner", arena_or_runner)
+    result = runner.run(  # type: ignore[attr-defined]
+        SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=job_dir)
+    )
+    assert result.error is not None
+    text = result.error.message + str(result.error.details.get("original_message", ""))
+    found = re.search(r"PROBE(\{.*?\})PROBE", text)
+    assert found is not None, result.error
+    assert result.report.sandbox is not None
+    return json.loads(found.group(1)), result.report.sandbox.layers
+
+
+def test_every_supported_layer_is_in_force(arena: Arena) -> None:
+    result, _, _ = arena.run(arena.model("benign"))
+    assert result.report.status == "succeeded"
+    assert result.report.sandbox is not None
+    in_force = set(result.report.sandbox.layers)
+    missing = supported_layers() - in_force
+    assert missing == set(), f"supported here but not in force: {sorted(missing)}"
+    assert set(arena.runner.expected_layers()) <= in_force
+
+
+def test_layers_by_effect(arena: Arena) -> None:
+    seen, in_force = probe(arena, arena.model("probe"), arena.root / "probe-job")
+    assert seen["socket"] == errno.EPERM  # seccomp
+    if "landlock" in in_force:
+        assert seen["outside_read"] == errno.EACCES
+    if "uid" in in_force:
+        assert seen["uid"] == 65534
+    if "bwrap" in in_force:
+        assert seen["etc_exists"] is False
+        assert seen["net"] in (errno.ENOENT, errno.EACCES, ["lo"])
+        assert seen["pid"] < 100  # its own pid namespace
+    assert seen["outside_read"] != arena.secret_file.read_text()[:20]
+
+
+def test_without_bwrap_the_inner_layers_still_hold(arena: Arena) -> None:
+    with fresh_runner(use_bwrap=False) as runner:
+        seen, in_force = probe(runner, arena.model("probe"), arena.root / "probe-nobwrap")
+        assert "bwrap" not in in_force
+        assert {"seccomp", "no_new_privs", "rlimits"} <= set(in_force)
+        assert seen["socket"] == errno.EPERM
+        if layers.landlock.abi_version() > 0:
+            assert seen["outside_read"] == errno.EACCES
+        result = runner.run(
+            SandboxJob(
+                model=arena.model("network"),
+                inputs=None,
+                weights=None,
+                options={"timeout_s": 20},
+                job_dir=arena.root / "network-nobwrap",
+            )
+        )
+        assert result.error is not None
+        assert result.error.code == "sandbox_violation"
+        assert arena.listeners.received == []
+    deadline = time.monotonic() + 2
+    while job_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job_processes() == []
+
+
+def test_a_job_that_cannot_be_locked_down_is_refused(arena: Arena) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this check drops from root; CI runs as root")
+    marker = arena.marker_dir / "unconfined"
+    model = arena.root / "refused.py"
+    model.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with fresh_runner(uid=0, gid=0, use_bwrap=False) as runner:
+        result = runner.run(
+            SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=arena.root / "r")
+        )
+    assert result.error is not None
+    assert result.error.code == "sandbox_violation"
+    assert not marker.exists()
+
+
+def test_no_seccomp_means_no_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layers, "probe_seccomp", lambda: (False, "test: no seccomp"))
+    runner = fresh_runner(use_bwrap=False)
+    with pytest.raises(SandboxUnavailable):
+        runner.start()
+    runner.close()
+
+
+def test_disabled_sandbox_is_recorded(arena: Arena, capsys: pytest.CaptureFixture[str]) -> None:
+    with fresh_runner(enabled=False) as runner:
+        capsys.readouterr()
+        result = runner.run(
+            SandboxJob(
+                model=arena.model("benign"),
+                inputs=None,
+                weights=None,
+                options={"verify": {"roundtrip": False}},
+                job_dir=arena.root / "disabled",
+            )
+        )
+    assert result.report.status == "succeeded"
+    assert result.report.sandbox is not None
+    assert result.report.sandbox.layers == ["none"]
+
+
+def test_zygote_is_restarted_after_it_dies(arena: Arena) -> None:
+    with fresh_runner() as runner:
+        first = runner.zygote_pid
+        assert first is not None
+        os.kill(first, 9)
+        deadline = time.monotonic() + 5
+        stat = Path(f"/proc/{first}/stat")
+        while stat.exists() and time.monotonic() < deadline:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        result = runner.run(
+            SandboxJob(
+                model=arena.model("benign"),
+                inputs=None,
+                weights=None,
+                options={},
+                job_dir=arena.root / "restart",
+            )
+        )
+        assert result.report.status == "succeeded", result.error
+        assert runner.restarts == 1
+        assert runner.zygote_pid != first
+
+
+def test_invalid_options_never_reach_the_sandbox(arena: Arena) -> None:
+    result = arena.runner.run(
+        SandboxJob(
+            model=arena.model("benign"),
+            inputs=None,
+            weights=None,
+            options={"no_such_option": 1},
+            job_dir=arena.root / "invalid",
+        )
+    )
+    assert result.error is not None
+    assert result.error.code == "invalid_request"
+    shutil.rmtree(arena.root / "invalid")

@@ -1,0 +1,38 @@
+"""Sandboxed, warm execution of uploaded code.
+
+```
+worker process (not dumpable, has secrets)          SandboxRunner (runner.py)
+  └─ bwrap (all namespaces, minimal ro binds)        bubblewrap.py, when the host allows it
+       └─ zygote (scrubbed env, torch imported,      zygote.py
+          one tiny export run, no thread pool)
+            ├─ job child: setsid, closed fds, rlimits, uid 65534,       lockdown.py
+            │  no_new_privs, Landlock, seccomp → engine.pipeline         child.py
+            └─ loader child (same lockdown): torch.export.load + run,   (round trip)
+               asked for by the job child through the zygote
+```
+"""
+
+from worker.sandbox.layers import HostLayers, probe
+from worker.sandbox.runner import SandboxRunner, SandboxUnavailable
+from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
+
+__all__ = [
+    "HostLayers",
+    "SandboxJob",
+    "SandboxResult",
+    "SandboxRunner",
+    "SandboxSettings",
+    "SandboxUnavailable",
+    "probe",
+    "run_export_sandboxed",
+]
+
+
+def run_export_sandboxed(
+    job: SandboxJob,
+    settings: SandboxSettings | None = None,
+    **run_kwargs: object,
+) -> SandboxResult:
+    """Start a runner, run one job, stop the runner (the CLI's one-shot path)."""
+    with SandboxRunner(settings) as runner:
+        return runner.run(job, **run_kwargs)  # type: ignore[arg-type]

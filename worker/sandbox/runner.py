@@ -1,0 +1,877 @@
+"""The worker side of the sandbox: starts the zygote, hands it jobs, enforces
+wall-clock time and memory, and reads what a job wrote back as untrusted data.
+
+No process here ever imports the user's code, unpickles a job's output or calls
+`torch.export.load`: the save → load round trip runs in a second sandboxed child.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import json
+import os
+import platform
+import queue
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas import (
+    ArtifactInfo,
+    Environment,
+    ErrorBody,
+    ExportOptions,
+    GraphDocument,
+    Progress,
+    ReportDocument,
+    SandboxReport,
+    SignatureDocument,
+)
+from worker.sandbox import bubblewrap, layers, lockdown, protocol
+from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
+
+ProgressCallback = Callable[[Progress], None]
+
+PROGRAM, GRAPH, SIGNATURE, REPORT = "program.pt2", "graph.json", "signature.json", "report.json"
+LOG = "sandbox.log"
+TAIL_BYTES = 8192
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot start on this host with these settings."""
+
+
+@dataclass
+class _Watch:
+    """What the worker learns about one running job."""
+
+    messages: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    lockdown: dict[str, Any] | None = None
+    refused: tuple[str, str] | None = None
+    bad_lines: int = 0
+
+
+class _Zygote:
+    """The zygote process, its control socket and the thread that reads it."""
+
+    def __init__(self, argv: list[str], config: dict[str, Any], log: Path, timeout: float) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        with log.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                [*argv, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                env=_zygote_environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+                cwd="/",
+            )
+        theirs.close()
+        self.lock = threading.Lock()
+        self.watches: dict[str, _Watch] = {}
+        self.alive = True
+        self.hello: queue.Queue[dict[str, Any]] = queue.Queue()
+        protocol.send(self.sock, {"op": "config", **config})
+        self.reader = threading.Thread(target=self._read, name="sandbox-zygote", daemon=True)
+        self.reader.start()
+        try:
+            self.info = self.hello.get(timeout=timeout)
+        except queue.Empty:
+            self.stop()
+            raise SandboxUnavailable(f"the zygote did not start in {timeout:.0f} s") from None
+        if self.info.get("op") != "hello":
+            self.stop()
+            tail = log.read_bytes()[-2000:].decode(errors="replace")
+            raise SandboxUnavailable(f"the zygote failed to start: {tail}")
+        self.outer_pid = _outer_pid(self.proc.pid, int(self.info["pid"]))
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message, fds = protocol.receive(self.sock)
+            except (OSError, ValueError):
+                message, fds = None, []
+            for fd in fds:
+                os.close(fd)
+            if message is None:
+                break
+            if message.get("op") == "hello":
+                self.hello.put(message)
+                continue
+            watch = self.watches.get(str(message.get("id")))
+            if watch is not None:
+                watch.messages.put(message)
+        self.alive = False
+        self.hello.put({"op": "dead"})
+        for watch in list(self.watches.values()):
+            watch.messages.put({"op": "dead"})
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        with self.lock:
+            protocol.send(self.sock, message, fds)
+
+    def inner_to_outer(self, inner: int) -> int | None:
+        """The worker-side pid of a zygote child (they differ inside bwrap's pid namespace)."""
+        if self.outer_pid is None:
+            return None
+        if self.outer_pid == int(self.info["pid"]):
+            return inner
+        return _find_child(self.outer_pid, inner)
+
+    def healthy(self) -> bool:
+        """Whether the zygote still runs and its socket is open."""
+        if not self.alive or self.proc.poll() is not None or self.outer_pid is None:
+            return False
+        try:
+            with open(f"/proc/{self.outer_pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X")
+
+    def stop(self) -> None:
+        self.alive = False
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        # On EOF the zygote kills its children itself; give it a moment, then insist.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+
+class SandboxRunner:
+    """Runs exports in sandboxed children forked from a warm zygote.
+
+    Use as a context manager, or call `start()` and `close()`. `run` is safe to call
+    from several threads at once.
+    """
+
+    def __init__(self, settings: SandboxSettings | None = None) -> None:
+        self.settings = settings or SandboxSettings()
+        self._zygote: _Zygote | None = None
+        self._host: layers.HostLayers | None = None
+        self._bwrap: str | None = None
+        self._lock = threading.Lock()
+        self._owned_root: Path | None = None
+        self._counter = itertools.count()
+        self.work_root = self.settings.work_root
+        self.restarts = 0
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> SandboxRunner:
+        """Probe the host's layers and start the zygote (a no-op when disabled)."""
+        if not self.settings.enabled:
+            print(
+                "torchport: SANDBOX DISABLED: uploaded code runs unconfined in this process",
+                file=sys.stderr,
+            )
+            return self
+        lockdown.set_dumpable(False)  # the worker's memory and environ stay closed
+        if self.work_root is None:
+            self._owned_root = Path(tempfile.mkdtemp(prefix="torchport-sandbox-"))
+            self.work_root = self._owned_root
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.work_root, 0o711)  # the job uid must traverse it to its own dir
+        self.jobs_root.mkdir(exist_ok=True)
+        os.chmod(self.jobs_root, 0o711)
+        warm = self.jobs_root / ".warm"
+        warm.mkdir(exist_ok=True)
+        os.chmod(warm, 0o700)
+        want = self.settings.use_bwrap
+        self._host = layers.probe(
+            lockdown.code_paths(), self._python(), try_bwrap=want is not False
+        )
+        if not self._host.seccomp:
+            raise SandboxUnavailable(
+                "seccomp cannot be installed here, so no job may run: "
+                + self._host.notes.get("seccomp", "")
+            )
+        if want is True and self._host.bwrap is None:
+            raise SandboxUnavailable("bubblewrap was required: " + self._host.notes["bwrap"])
+        self._bwrap = self._host.bwrap
+        self._spawn()
+        return self
+
+    def close(self) -> None:
+        """Stop the zygote (killing any job still running) and remove owned files."""
+        with self._lock:
+            if self._zygote is not None:
+                self._zygote.stop()
+                self._zygote = None
+        if self._owned_root is not None:
+            shutil.rmtree(self._owned_root, ignore_errors=True)
+            self._owned_root = None
+
+    def __enter__(self) -> SandboxRunner:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def jobs_root(self) -> Path:
+        """Where jobs are staged (the only writable place a job can see)."""
+        assert self.work_root is not None, "start() first"
+        return self.work_root / "jobs"
+
+    @property
+    def host(self) -> layers.HostLayers | None:
+        """The layers this host supports (after `start()`)."""
+        return self._host
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The zygote's pid as this process sees it."""
+        zygote = self._zygote
+        return zygote.outer_pid if zygote is not None else None
+
+    def expected_layers(self) -> list[str]:
+        """The layers every job must have in force on this host."""
+        if not self.settings.enabled:
+            return ["none"]
+        assert self._host is not None
+        expected = ["zygote", "rlimits", "no_new_privs", "seccomp"]
+        if self.settings.job_ids() is not None:
+            expected.append("uid")
+        if self._host.landlock_abi > 0:
+            expected.append("landlock")
+        if self._bwrap is not None:
+            expected.append("bwrap")
+        return expected
+
+    def _python(self) -> str:
+        return self.settings.python or sys.executable
+
+    def _spawn(self) -> None:
+        assert self._host is not None and self.work_root is not None
+        import worker
+
+        root = str(Path(worker.__file__).resolve().parent.parent)
+        boot = (
+            f"import sys; sys.path.insert(0, {root!r}); "
+            "from worker.sandbox.zygote import main; main()"
+        )
+        argv = [self._python(), "-I", "-c", boot]
+        if self._bwrap is not None:
+            prefix = bubblewrap.command(
+                self._bwrap,
+                lockdown.code_paths(),
+                jobs_root=self.jobs_root,
+                tmpfs_mb=self.settings.tmpfs_mb,
+            )
+            argv = [*prefix, *argv]
+        ids = self.settings.job_ids()
+        config = {
+            "read_paths": [str(p) for p in lockdown.code_paths()],
+            "uid": ids[0] if ids else None,
+            "gid": ids[1] if ids else None,
+            "landlock": self._host.landlock_abi > 0,
+            "warm_up": self.settings.warm_up,
+            "warm_dir": str(self.jobs_root / ".warm"),
+        }
+        self._zygote = _Zygote(
+            argv, config, self.work_root / "zygote.log", self.settings.start_timeout_s
+        )
+
+    def _live_zygote(self) -> _Zygote:
+        with self._lock:
+            zygote = self._zygote
+            if zygote is None or not zygote.healthy():
+                if zygote is not None:
+                    zygote.stop()
+                    self.restarts += 1
+                self._spawn()
+            assert self._zygote is not None
+            return self._zygote
+
+    # -- one job ----------------------------------------------------------------------
+    def run(
+        self,
+        job: SandboxJob,
+        *,
+        on_progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SandboxResult:
+        """Run one export; never raises for anything the uploaded code does."""
+        started = time.perf_counter()
+        out_dir = job.job_dir / "out"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            options = ExportOptions.model_validate(job.options)
+        except ValidationError as exc:
+            error = ErrorBody(
+                code="invalid_request",
+                message="The export options are invalid.",
+                details={"errors": json.loads(exc.json(include_url=False, include_input=False))},
+            )
+            return self._finish(job, None, error, "", started, {})
+        if not self.settings.enabled:
+            return self._run_unsandboxed(job, options, on_progress, started)
+        job_id = f"{os.getpid()}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        staging = self.jobs_root / job_id
+        try:
+            spec = self._stage(job, staging)
+            return self._run_staged(
+                job, options, job_id, staging, spec, on_progress, cancel, started
+            )
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _stage(self, job: SandboxJob, staging: Path) -> dict[str, Any]:
+        """Copy the uploads into a fresh directory only this job's uid can enter."""
+        dirs = {name: staging / name for name in ("in", "out", "tmp")}
+        for path in (staging, *dirs.values(), dirs["tmp"] / "loader", dirs["tmp"] / "work"):
+            path.mkdir(mode=0o700)
+        spec: dict[str, Any] = {"options": job.options}
+        for name in ("model", "inputs", "weights"):
+            source: Path | None = getattr(job, name)
+            if source is None:
+                spec[name] = None
+                continue
+            target = dirs["in"] / source.name
+            shutil.copyfile(source, target)
+            spec[name] = str(target)
+        spec["out_dir"], spec["work_dir"] = str(dirs["out"]), str(dirs["tmp"] / "work")
+        ids = self.settings.job_ids()
+        if ids is not None:
+            for dirpath, _dirnames, filenames in os.walk(staging):
+                os.chown(dirpath, *ids)
+                for filename in filenames:
+                    os.chown(os.path.join(dirpath, filename), *ids)
+        return spec
+
+    def _limits(self, options: ExportOptions, baseline_mb: int) -> tuple[dict[str, int], float]:
+        timeout = min(float(options.timeout_s), self.settings.max_timeout_s)
+        memory = min(options.memory_mb, self.settings.max_memory_mb)
+        cpu = self.settings.cpu_s or int(timeout * (os.cpu_count() or 1)) + 10
+        limits = {
+            # RLIMIT_DATA counts what the child inherited from the zygote, too.
+            "memory_mb": memory + baseline_mb,
+            "cpu_s": cpu,
+            "fsize_mb": self.settings.fsize_mb,
+            "nofile": self.settings.nofile,
+            "nproc": self.settings.nproc,
+        }
+        return limits, timeout
+
+    def _run_staged(
+        self,
+        job: SandboxJob,
+        options: ExportOptions,
+        job_id: str,
+        staging: Path,
+        spec: dict[str, Any],
+        on_progress: ProgressCallback | None,
+        cancel: threading.Event | None,
+        started: float,
+    ) -> SandboxResult:
+        zygote = self._live_zygote()
+        baseline_mb = int(zygote.info.get("data_mb", 0))
+        limits, timeout = self._limits(options, baseline_mb)
+        memory_bytes = (options.memory_mb + int(zygote.info.get("rss_mb", 0))) << 20
+        watch = _Watch()
+        zygote.watches[job_id] = watch
+        progress_r, progress_w = os.pipe2(os.O_CLOEXEC)
+        output_r, output_w = os.pipe2(os.O_CLOEXEC)
+        log = _CappedLog(job.job_dir / LOG, self.settings.max_log_bytes)
+        reader = threading.Thread(
+            target=self._drain,
+            args=(progress_r, output_r, watch, log, on_progress),
+            name=f"sandbox-job-{job_id}",
+            daemon=True,
+        )
+        reader.start()
+        dirs = {name: str(staging / name) for name in ("in", "out", "tmp")}
+        dirs["root"] = str(staging)
+        try:
+            zygote.send(
+                {"op": "run", "id": job_id, "spec": spec, "dirs": dirs, "limits": limits},
+                [progress_w, output_w],
+            )
+        except OSError:
+            watch.messages.put({"op": "dead"})
+        finally:
+            os.close(progress_w)
+            os.close(output_w)
+        verdict, exit_info = self._supervise(zygote, job_id, watch, timeout, memory_bytes, cancel)
+        zygote.watches.pop(job_id, None)
+        reader.join(timeout=self.settings.kill_grace_s)
+        log.close()
+        error = _error_for(verdict, exit_info, watch, timeout, options.memory_mb)
+        details = {
+            "in_force": watch.lockdown or {},
+            "exit": exit_info,
+            "zygote_restarts": self.restarts,
+        }
+        return self._finish(job, staging / "out", error, log.tail(), started, details, watch)
+
+    def _supervise(
+        self,
+        zygote: _Zygote,
+        job_id: str,
+        watch: _Watch,
+        timeout: float,
+        memory_bytes: int,
+        cancel: threading.Event | None,
+    ) -> tuple[str | None, dict[str, Any]]:
+        """Wait for the job; kill its process group on timeout, memory or cancel."""
+        deadline = time.monotonic() + timeout
+        outer: int | None = None
+        verdict: str | None = None
+        while True:
+            try:
+                message = watch.messages.get(timeout=0.05)
+            except queue.Empty:
+                message = None
+            if message is not None:
+                op = message.get("op")
+                if op == "started":
+                    outer = zygote.inner_to_outer(int(message["pid"]))
+                elif op == "exited":
+                    return verdict, {"code": message.get("code"), "signal": message.get("signal")}
+                elif op == "dead":
+                    return verdict or "zygote_died", {}
+                continue
+            if verdict is None:
+                if cancel is not None and cancel.is_set():
+                    verdict = "canceled"
+                elif time.monotonic() > deadline:
+                    verdict = "timeout"
+                elif outer is not None and _rss(outer) > memory_bytes:
+                    verdict = "out_of_memory"
+                if verdict is not None:
+                    self._kill(zygote, job_id, outer)
+                    deadline = time.monotonic() + self.settings.kill_grace_s
+            elif time.monotonic() > deadline:
+                # The zygote did not confirm the kill: it is wedged, so replace it.
+                zygote.stop()
+                return verdict, {}
+
+    def _kill(self, zygote: _Zygote, job_id: str, outer: int | None) -> None:
+        if outer is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(outer, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            zygote.send({"op": "kill", "id": job_id})
+
+    def _drain(
+        self,
+        progress_fd: int,
+        output_fd: int,
+        watch: _Watch,
+        log: _CappedLog,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        """Read the job's progress lines and output until both pipes close."""
+        limit = self.settings.max_progress_line
+        pending = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(progress_fd, selectors.EVENT_READ, "progress")
+            selector.register(output_fd, selectors.EVENT_READ, "output")
+            open_fds = 2
+            while open_fds:
+                for key, _ in selector.select():
+                    fd = key.fd
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        selector.unregister(fd)
+                        os.close(fd)
+                        open_fds -= 1
+                        continue
+                    if key.data == "output":
+                        log.write(data)
+                        continue
+                    pending += data
+                    *lines, pending = pending.split(b"\n")
+                    if len(pending) > limit:
+                        pending = b""
+                        watch.bad_lines += 1
+                    for line in lines:
+                        self._on_line(line, watch, on_progress)
+
+    def _on_line(self, line: bytes, watch: _Watch, on_progress: ProgressCallback | None) -> None:
+        try:
+            message = json.loads(line)
+            if "progress" in message:
+                progress = Progress.model_validate(message["progress"])
+                if on_progress is not None:
+                    with contextlib.suppress(Exception):
+                        on_progress(progress)
+            elif "lockdown" in message and watch.lockdown is None:
+                watch.lockdown = {
+                    k: v for k, v in dict(message["lockdown"]).items() if k in _IN_FORCE
+                }
+            elif "refused" in message and watch.refused is None:
+                code = str(message["refused"])
+                code = code if code in _REFUSAL_CODES else "sandbox_violation"
+                watch.refused = (code, str(message.get("message", ""))[:2000])
+            else:
+                watch.bad_lines += 1
+        except (ValueError, TypeError, AttributeError, ValidationError):
+            watch.bad_lines += 1
+
+    # -- results ----------------------------------------------------------------------
+    def _finish(
+        self,
+        job: SandboxJob,
+        produced: Path | None,
+        error: ErrorBody | None,
+        tail: str,
+        started: float,
+        details: dict[str, Any],
+        watch: _Watch | None = None,
+    ) -> SandboxResult:
+        out_dir = job.job_dir / "out"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report: ReportDocument | None = None
+        found: dict[str, Path] = {}
+        if produced is not None and error is None:
+            try:
+                report, found = self._read_outputs(produced)
+            except _Untrusted as exc:
+                error = ErrorBody(
+                    code="internal_error",
+                    message=f"The job's results were rejected: {exc}",
+                    hint="This is a bug in torchport, not in your model; please report it.",
+                )
+        if error is not None or report is None:
+            error = error or ErrorBody(
+                code="internal_error",
+                message="The job ended without a report.",
+                hint="This is a bug in torchport, not in your model; please report it.",
+            )
+            report = _failed_report(error, time.perf_counter() - started)
+            found = {}
+        artifacts: dict[str, Path] = {}
+        for name, path in found.items():
+            target = out_dir / name
+            try:
+                os.replace(path, target)
+            except OSError:
+                shutil.copyfile(path, target)
+            artifacts[name] = target
+        report.sandbox = SandboxReport(layers=self._layers(watch), details=details)
+        report.artifacts = [_artifact_info(path) for path in artifacts.values()]
+        report_path = out_dir / REPORT
+        report_path.write_text(report.model_dump_json(indent=2))
+        artifacts[REPORT] = report_path
+        return SandboxResult(
+            report=report, artifacts=artifacts, error=report.error, stdout_tail=tail
+        )
+
+    def _layers(self, watch: _Watch | None) -> list[str]:
+        if not self.settings.enabled:
+            return ["none"]
+        in_force = (watch.lockdown if watch is not None else None) or {}
+        if not in_force:
+            return []
+        layers_in_force = ["zygote", "rlimits"]
+        if in_force.get("no_new_privs"):
+            layers_in_force.append("no_new_privs")
+        if self.settings.job_ids() is not None and in_force.get("uid") not in (None, 0):
+            layers_in_force.append("uid")
+        if in_force.get("landlock_abi"):
+            layers_in_force.append("landlock")
+        if in_force.get("seccomp"):
+            layers_in_force.append("seccomp")
+        if self._bwrap is not None:
+            layers_in_force.append("bwrap")
+        return layers_in_force
+
+    def _read_outputs(self, produced: Path) -> tuple[ReportDocument, dict[str, Path]]:
+        s = self.settings
+        limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
+        limits[PROGRAM] = s.max_program_bytes
+        found: dict[str, Path] = {}
+        for name, limit in limits.items():
+            data = _read_regular(produced / name, limit, whole=name != PROGRAM)
+            if data is None:
+                continue
+            if name == REPORT:
+                report = ReportDocument.model_validate_json(data)
+            elif name == GRAPH:
+                GraphDocument.model_validate_json(data)
+            elif name == SIGNATURE:
+                SignatureDocument.model_validate_json(data)
+            elif not data.startswith(_ZIP_MAGIC):
+                raise _Untrusted("program.pt2 is not a zip archive")
+            found[name] = produced / name
+        if REPORT not in found:
+            raise _Untrusted("no report.json")
+        found.pop(REPORT)
+        if report.status == "succeeded" and set(found) != {PROGRAM, GRAPH, SIGNATURE}:
+            raise _Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
+        if report.status == "failed":
+            found = {}
+        return report, found
+
+    def _run_unsandboxed(
+        self,
+        job: SandboxJob,
+        options: ExportOptions,
+        on_progress: ProgressCallback | None,
+        started: float,
+    ) -> SandboxResult:
+        from engine import pipeline
+        from engine.model import Upload
+
+        work = Path(tempfile.mkdtemp(prefix="torchport-job-"))
+        try:
+            result = pipeline.run_export(
+                pipeline.ExportRequest(
+                    upload=Upload(model=job.model, inputs=job.inputs, weights=job.weights),
+                    options=options,
+                    out_dir=job.job_dir / "out",
+                    work_dir=work,
+                ),
+                progress=on_progress,
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        report = result.report
+        report.sandbox = SandboxReport(layers=["none"], details={"warning": "sandbox disabled"})
+        report_path = job.job_dir / "out" / REPORT
+        report_path.write_text(report.model_dump_json(indent=2))
+        artifacts = {**result.artifacts, REPORT: report_path}
+        return SandboxResult(report=report, artifacts=artifacts, error=report.error)
+
+
+class _Untrusted(ValueError):
+    """A job's output failed validation."""
+
+
+_IN_FORCE = {"uid", "no_new_privs", "landlock_abi", "seccomp"}
+_REFUSAL_CODES = {"sandbox_violation", "invalid_request", "out_of_memory"}
+
+
+class _CappedLog:
+    """The job's stdout/stderr: the first `limit` bytes on disk, the last few kept."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("wb")
+        self.left = limit
+        self.last: collections.deque[bytes] = collections.deque()
+        self.last_size = 0
+        self.dropped = 0
+
+    def write(self, data: bytes) -> None:
+        if self.left > 0:
+            self.file.write(data[: self.left])
+            self.left -= min(len(data), self.left)
+        else:
+            self.dropped += len(data)
+        self.last.append(data[-TAIL_BYTES:])
+        self.last_size += len(self.last[-1])
+        while self.last_size - len(self.last[0]) >= TAIL_BYTES:
+            self.last_size -= len(self.last.popleft())
+
+    def tail(self) -> str:
+        text = b"".join(self.last)[-TAIL_BYTES:].decode(errors="replace")
+        return text if not self.dropped else f"[{self.dropped} bytes not kept]\n{text}"
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _error_for(
+    verdict: str | None,
+    exit_info: dict[str, Any],
+    watch: _Watch,
+    timeout: float,
+    memory_mb: int,
+) -> ErrorBody | None:
+    if verdict == "timeout":
+        return ErrorBody(
+            code="timeout",
+            message=f"The job ran longer than its time limit of {timeout:g} s and was stopped.",
+            hint="Raise `timeout_s`, or export a smaller configuration of the model.",
+            details={"timeout_s": timeout},
+        )
+    if verdict == "out_of_memory":
+        return _out_of_memory(memory_mb)
+    if verdict == "canceled":
+        return ErrorBody(code="canceled", message="The job was canceled.")
+    if verdict == "zygote_died":
+        return ErrorBody(
+            code="internal_error",
+            message="The sandbox process died while the job ran; it has been restarted.",
+            hint="This is a bug in torchport, not in your model; please report it.",
+        )
+    if watch.refused is not None:
+        code, message = watch.refused
+        if code == "out_of_memory":
+            return _out_of_memory(memory_mb)
+        if code == "sandbox_violation":
+            message = f"The sandbox could not be set up, so the job was not run: {message}"
+        return ErrorBody.model_validate({"code": code, "message": message})
+    signum = exit_info.get("signal")
+    if signum == signal.SIGXCPU:
+        return ErrorBody(
+            code="timeout",
+            message="The job used up its CPU time limit and was stopped.",
+            hint="Raise `timeout_s`, or export a smaller configuration of the model.",
+        )
+    if signum == signal.SIGSYS:
+        return ErrorBody(
+            code="sandbox_violation",
+            message="The uploaded code made a system call the sandbox forbids.",
+            hint="Uploaded code may not use the network, start processes or leave its directory.",
+        )
+    if signum == signal.SIGKILL:
+        return _out_of_memory(memory_mb)  # nobody else kills a job: the kernel's OOM killer
+    if signum is not None:
+        return ErrorBody(
+            code="internal_error",
+            message=f"The job's process crashed ({signal.Signals(signum).name}).",
+            hint="A crash in native code; if your model uses none, please report it.",
+        )
+    if watch.lockdown is None:
+        return ErrorBody(
+            code="sandbox_violation",
+            message="The sandbox could not be set up, so the job was not run.",
+            details={"exit": exit_info},
+        )
+    return None
+
+
+def _out_of_memory(memory_mb: int) -> ErrorBody:
+    return ErrorBody(
+        code="out_of_memory",
+        message=f"The job used more than its memory limit of {memory_mb} MB and was stopped.",
+        hint="Raise `memory_mb`, or use smaller example inputs.",
+        details={"memory_mb": memory_mb},
+    )
+
+
+def _failed_report(error: ErrorBody, duration: float) -> ReportDocument:
+    return ReportDocument(
+        status="failed", error=error, environment=_environment(), duration_s=duration
+    )
+
+
+def _environment() -> Environment:
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return Environment(
+        torchport=version("torchport") or "unknown",
+        torch=version("torch"),
+        python=platform.python_version(),
+        platform=platform.platform(),
+    )
+
+
+def _artifact_info(path: Path) -> ArtifactInfo:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return ArtifactInfo(name=path.name, size=path.stat().st_size, sha256=digest.hexdigest())
+
+
+def _read_regular(path: Path, limit: int, *, whole: bool) -> bytes | None:
+    """A file a job wrote: a regular file (no links), at most `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _Untrusted(f"{path.name} cannot be opened safely ({exc.strerror})") from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not (info.st_mode & 0o170000 == 0o100000):
+            raise _Untrusted(f"{path.name} is not a regular file")
+        if info.st_size > limit:
+            raise _Untrusted(f"{path.name} is larger than {limit} bytes")
+        return handle.read(limit if whole else 4)
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _nspid(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except OSError:
+        pass
+    return []
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(x) for x in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _find_child(parent: int, inner: int) -> int | None:
+    for pid in _children(parent):
+        if _nspid(pid)[-1:] == [inner]:
+            return pid
+    return None
+
+
+def _outer_pid(root: int, inner: int) -> int | None:
+    """The pid, as seen here, of the descendant of `root` whose innermost pid is `inner`."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        ns = _nspid(pid)
+        if ns and ns[-1] == inner and (len(ns) > 1 or pid == inner):
+            return pid
+        todo.extend(_children(pid))
+    return None
+
+
+def _zygote_environment() -> dict[str, str]:
+    """The zygote starts with nothing of the worker's environment (no secrets)."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "LANG": "C.UTF-8",
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+    }

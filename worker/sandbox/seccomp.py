@@ -1,0 +1,141 @@
+"""The seccomp filter installed in every job child, built with pyseccomp (libseccomp).
+
+A deny list on top of Landlock, rlimits and (where available) bubblewrap: the
+calls below fail with EPERM, except `clone3`, which fails with ENOSYS so that
+glibc falls back to `clone`, where thread creation (CLONE_THREAD) stays allowed
+and process creation does not. Other architectures' system calls (e.g. i386
+through `int 0x80`) kill the process (libseccomp's bad-arch action).
+
+`pyseccomp` locates libseccomp with `ctypes.util.find_library`, which spawns
+helper processes: import it (`prepare()`) before the child is locked down.
+"""
+
+from __future__ import annotations
+
+import errno
+from types import ModuleType
+
+CLONE_THREAD = 0x00010000
+
+DENIED: tuple[str, ...] = (
+    # network and local sockets
+    "socket",
+    "socketpair",
+    "connect",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
+    # new programs and processes
+    "execve",
+    "execveat",
+    "fork",
+    "vfork",
+    # other processes' memory and control
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "process_madvise",
+    "kcmp",
+    "pidfd_open",
+    "pidfd_getfd",
+    "pidfd_send_signal",
+    "tkill",
+    # escaping the session and process group
+    "setsid",
+    "setpgid",
+    # state that outlives the job
+    "shmget",
+    "shmat",
+    "shmctl",
+    "msgget",
+    "semget",
+    "memfd_create",
+    "memfd_secret",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+    # namespaces, mounts, kernel interfaces
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fspick",
+    "fsconfig",
+    "mount_setattr",
+    "bpf",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "userfaultfd",
+    "perf_event_open",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "fanotify_init",
+    "syslog",
+    "personality",
+    "setuid",
+    "setgid",
+    "setreuid",
+    "setregid",
+    "setresuid",
+    "setresgid",
+    "setgroups",
+    "setfsuid",
+    "setfsgid",
+    "capset",
+)
+
+
+def prepare() -> ModuleType:
+    """Import pyseccomp (and libseccomp) now, while helper processes may still run."""
+    import pyseccomp
+
+    pyseccomp.SyscallFilter(pyseccomp.ALLOW)  # loads libseccomp and resolves symbols
+    return pyseccomp
+
+
+def install(own_pid: int) -> list[str]:
+    """Load the filter into this process; returns the system calls it could not name.
+
+    Signals (`kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`) are allowed
+    only towards `own_pid`. Raises OSError when the kernel refuses the filter; the
+    caller must then refuse the job.
+    """
+    seccomp = prepare()
+    flt = seccomp.SyscallFilter(seccomp.ALLOW)
+    deny = seccomp.ERRNO(errno.EPERM)
+    unknown: list[str] = []
+    for name in DENIED:
+        try:
+            flt.add_rule(deny, name)
+        except (ValueError, OSError, RuntimeError):
+            unknown.append(name)
+    flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+    for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+        flt.add_rule(deny, name, seccomp.Arg(0, seccomp.NE, own_pid))
+    flt.load()
+    return unknown

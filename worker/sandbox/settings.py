@@ -1,0 +1,87 @@
+"""Configuration of the sandbox and the shapes of one job and its result.
+
+`SandboxSettings` is a plain dataclass; the service wraps it in its pydantic
+settings (TORCHPORT_ prefix), so this package never reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from schemas import ErrorBody, ReportDocument
+
+NOBODY = 65534
+
+
+@dataclass
+class SandboxSettings:
+    """How jobs are isolated and limited."""
+
+    enabled: bool = True
+    """False runs the engine in this process with no isolation (debugging only)."""
+    use_bwrap: bool | Literal["auto"] = "auto"
+    """True: bubblewrap must work (start fails otherwise); "auto": use it when it works."""
+    uid: int | None = None
+    """Job uid when the worker runs as root (default 65534); ignored otherwise."""
+    gid: int | None = None
+    work_root: Path | None = None
+    """Staging directories and the zygote's files; a fresh temporary dir by default."""
+    max_memory_mb: int = 16384
+    """Upper bound on a job's `memory_mb`."""
+    max_timeout_s: float = 3600
+    """Upper bound on a job's `timeout_s`."""
+    cpu_s: int | None = None
+    """RLIMIT_CPU; default: timeout * CPU count + 10 s."""
+    fsize_mb: int = 4096
+    nofile: int = 256
+    nproc: int = 4096
+    """RLIMIT_NPROC (counts threads, and for a shared uid all of its processes)."""
+    tmpfs_mb: int = 256
+    max_report_bytes: int = 8 << 20
+    max_json_bytes: int = 128 << 20
+    max_program_bytes: int = 8 << 30
+    max_log_bytes: int = 1 << 20
+    max_progress_line: int = 1 << 14
+    start_timeout_s: float = 180
+    warm_up: bool = True
+    python: str | None = None
+    """Interpreter for the zygote; this one by default."""
+    kill_grace_s: float = 5.0
+
+    def job_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) jobs drop to, or None when the worker is not root."""
+        if os.geteuid() != 0:
+            return None
+        uid = NOBODY if self.uid is None else self.uid
+        gid = NOBODY if self.gid is None else self.gid
+        return uid, gid
+
+
+@dataclass
+class SandboxJob:
+    """One export to run: uploaded files, ExportOptions JSON, and where results go
+    (the runner creates `job_dir/out`)."""
+
+    model: Path
+    inputs: Path | None
+    weights: Path | None
+    options: dict[str, Any]
+    job_dir: Path
+
+
+@dataclass
+class SandboxResult:
+    """What a job produced, read back as untrusted data and validated."""
+
+    report: ReportDocument
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    error: ErrorBody | None = None
+    stdout_tail: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the job produced a verified program."""
+        return self.report.status == "succeeded"
