@@ -68,6 +68,8 @@ def test_plain_function(tmp_path: Path) -> None:
         "serializing",
     ]
     assert_verified(report)
+    assert {"seccomp", "landlock", "rlimits"} <= set(report["sandbox"]["layers"])
+    assert report["verification"]["roundtrip"]["loader"] == "sandbox"
     assert {a["name"] for a in report["artifacts"]} == {
         "program.pt2",
         "graph.json",

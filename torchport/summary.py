@@ -22,6 +22,8 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
         stages.add_row(stage.name, stage.status, f"{stage.duration_s:.3f}")
     console.print(stages)
 
+    if report.sandbox is not None:
+        console.print("Sandbox layers: " + (", ".join(report.sandbox.layers) or "none"))
     for attempt in report.tracing.attempts:
         mode = "strict" if attempt.strict else "non-strict"
         outcome = "ok" if attempt.succeeded else f"failed ({attempt.error.code})"  # type: ignore[union-attr]

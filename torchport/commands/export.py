@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,10 +18,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from schemas import ErrorBody, ExportOptions, Progress, ReportDocument
+from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from torchport.summary import render_summary
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+ARTIFACT_NAMES = ("program.pt2", "graph.json", "signature.json", "report.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,17 +154,50 @@ def _run_in_process(args: argparse.Namespace, options: ExportOptions, on_progres
 
 
 def _run_sandboxed(args: argparse.Namespace, options: ExportOptions, on_progress: Any) -> Any:
-    try:
-        from worker.sandbox import export_sandboxed
-    except ImportError:  # the sandbox package is not part of this build yet
-        return _run_in_process(args, options, on_progress)
-    return export_sandboxed(
-        model=args.model,
-        inputs=args.inputs,
-        weights=args.weights,
-        options=options,
-        out_dir=args.out,
-        on_progress=on_progress,
+    from worker.sandbox import SandboxJob, SandboxUnavailable, run_export_sandboxed
+
+    for name in ARTIFACT_NAMES:  # never leave a previous run's program next to this report
+        (args.out / name).unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="torchport-job-") as tmp:
+        job = SandboxJob(
+            model=args.model.resolve(),
+            inputs=args.inputs.resolve() if args.inputs else None,
+            weights=args.weights.resolve() if args.weights else None,
+            options=options.model_dump(mode="json"),
+            job_dir=Path(tmp),
+        )
+        try:
+            result = run_export_sandboxed(job, on_progress=on_progress)
+        except SandboxUnavailable as exc:
+            report = _refused(options, str(exc))
+            (args.out / "report.json").write_text(report.model_dump_json(indent=2))
+            return report
+        for name, path in result.artifacts.items():
+            shutil.copyfile(path, args.out / name)
+        return result.report
+
+
+def _refused(options: ExportOptions, why: str) -> ReportDocument:
+    """The report of a job the sandbox refused to run (it never runs unconfined)."""
+    import platform
+
+    from torchport import __version__
+
+    return ReportDocument(
+        status="failed",
+        error=ErrorBody(
+            code="sandbox_violation",
+            message=f"The sandbox cannot be set up on this machine, so nothing was run: {why}",
+            hint="Run on a Linux host with seccomp, or pass --no-sandbox to run your own "
+            "trusted code unconfined.",
+            details={"reason": why},
+        ),
+        environment=Environment(
+            torchport=__version__,
+            python=platform.python_version(),
+            platform=sys.platform,
+            device=options.device,
+        ),
     )
 
 
@@ -173,7 +208,3 @@ def _print_error(body: ErrorBody, as_json: bool, err: Console) -> None:
     err.print(f"[bold red]error[/] \\[{body.code}] {escape(body.message)}")
     if body.hint:
         err.print(f"[bold]hint:[/] {escape(body.hint)}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(2)

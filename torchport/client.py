@@ -1,0 +1,277 @@
+"""A small Python client for a torchport server.
+
+```python
+from torchport.client import Client
+
+with Client("http://127.0.0.1:8000", api_key="tp_…") as client:
+    job = client.submit("model.py", options={"strict": True})
+    job.wait()                      # follows the server-sent events
+    job.download("out/")            # program.pt2, graph.json, signature.json, report.json
+```
+Failures of the API raise `TorchportError` with the contract's error `code`; a job that
+failed is not an exception: `job.status == "failed"` and `job.error` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from schemas import ErrorBody, JobPublic, StageEvent
+from schemas.job import TERMINAL_STATUSES
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+class TorchportError(Exception):
+    """An error answer of the API (or no answer at all: code `unavailable`)."""
+
+    def __init__(
+        self, code: str, message: str, status_code: int | None = None, body: ErrorBody | None = None
+    ) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+        self.status_code = status_code
+        self.body = body
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        body = ErrorBody.model_validate(response.json())
+    except (ValueError, json.JSONDecodeError):
+        raise TorchportError(
+            "internal_error",
+            f"HTTP {response.status_code}: {response.text[:200]}",
+            response.status_code,
+        ) from None
+    raise TorchportError(body.code, body.message, response.status_code, body)
+
+
+class Job:
+    """A job on the server; `data` is its last known state."""
+
+    def __init__(self, client: Client, data: JobPublic) -> None:
+        self._client = client
+        self.data = data
+
+    @property
+    def id(self) -> str:
+        """The job id."""
+        return self.data.id
+
+    @property
+    def status(self) -> str:
+        """queued, running, succeeded, failed or canceled."""
+        return self.data.status
+
+    @property
+    def error(self) -> ErrorBody | None:
+        """Why the job failed, if it did."""
+        return self.data.error
+
+    @property
+    def done(self) -> bool:
+        """Whether the job finished (in any way)."""
+        return self.data.status in TERMINAL_STATUSES
+
+    def refresh(self) -> Job:
+        """Fetch the current state."""
+        self.data = self._client._get_job(self.id)
+        return self
+
+    def events(self) -> Iterator[StageEvent | JobPublic]:
+        """Stage events as they happen, then the final job (server-sent events)."""
+        headers = {"Accept": "text/event-stream"}
+        with self._client._http.stream(
+            "GET", f"/v1/exports/{self.id}/events", headers=headers, timeout=None
+        ) as response:
+            if not response.is_success:
+                response.read()
+                _raise_for(response)
+            event, data = "message", list[str]()
+            for line in response.iter_lines():
+                if line == "":
+                    if data:
+                        payload = "\n".join(data)
+                        if event == "job":
+                            self.data = JobPublic.model_validate_json(payload)
+                            yield self.data
+                            return
+                        if event == "stage":
+                            yield StageEvent.model_validate_json(payload)
+                    event, data = "message", []
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        on_event: Callable[[StageEvent], None] | None = None,
+        poll_interval: float = 0.2,
+    ) -> Job:
+        """Block until the job finishes; `on_event` sees each stage event.
+
+        Follows the event stream, and falls back to polling if the stream breaks.
+
+        Raises:
+            TimeoutError: the job did not finish within `timeout` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.done:
+            try:
+                for item in self.events():
+                    if isinstance(item, StageEvent) and on_event is not None:
+                        on_event(item)
+                    if deadline is not None and time.monotonic() > deadline:
+                        break
+            except httpx.HTTPError:
+                pass
+        while not self.done:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still {self.status} after {timeout} s")
+            time.sleep(poll_interval)
+            self.refresh()
+        return self
+
+    def download(
+        self, directory: str | os.PathLike[str], names: list[str] | None = None
+    ) -> list[Path]:
+        """Save the job's artifacts (all, or `names`) into `directory`; returns the paths."""
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        saved = []
+        for artifact in self.data.artifacts:
+            if names is not None and artifact.name not in names:
+                continue
+            path = target / Path(artifact.name).name
+            with self._client._http.stream(
+                "GET", f"/v1/exports/{self.id}/artifacts/{artifact.name}"
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    _raise_for(response)
+                with path.open("wb") as f:
+                    for chunk in response.iter_bytes():
+                        f.write(chunk)
+            saved.append(path)
+        return saved
+
+    def cancel(self) -> Job:
+        """Cancel the job (a running one is stopped by its worker shortly after)."""
+        response = self._client._http.delete(f"/v1/exports/{self.id}")
+        _raise_for(response)
+        self.data = JobPublic.model_validate(response.json())
+        return self
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.status}>"
+
+
+def _as_json(value: dict[str, Any] | str | os.PathLike[str] | None) -> str | None:
+    if value is None or (isinstance(value, str) and value.lstrip().startswith("{")):
+        return value if value is None else str(value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return Path(value).read_text()
+
+
+class Client:
+    """A connection to a torchport server (`TORCHPORT_SERVER`, `TORCHPORT_API_KEY` by default)."""
+
+    def __init__(
+        self, server: str | None = None, api_key: str | None = None, timeout: float = 60.0
+    ) -> None:
+        self.server = (server or os.environ.get("TORCHPORT_SERVER") or DEFAULT_SERVER).rstrip("/")
+        key = api_key or os.environ.get("TORCHPORT_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def submit(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        inputs: str | os.PathLike[str] | None = None,
+        weights: str | os.PathLike[str] | None = None,
+        options: dict[str, Any] | str | os.PathLike[str] | None = None,
+    ) -> Job:
+        """Upload a model (and optional inputs, weights, options); returns the job."""
+        files = {}
+        with contextlib.ExitStack() as stack:
+            for field, path in (("model", model), ("inputs", inputs), ("weights", weights)):
+                if path is None:
+                    continue
+                handle = stack.enter_context(Path(path).open("rb"))
+                files[field] = (Path(path).name, handle, "application/octet-stream")
+            data = {}
+            options_text = _as_json(options)
+            if options_text is not None:
+                data["options"] = options_text
+            try:
+                response = self._http.post("/v1/exports", files=files, data=data)
+            except httpx.TransportError as exc:
+                raise TorchportError("unavailable", f"cannot reach {self.server}: {exc}") from exc
+        _raise_for(response)
+        return Job(self, JobPublic.model_validate(response.json()))
+
+    def _get_job(self, job_id: str) -> JobPublic:
+        response = self._http.get(f"/v1/exports/{job_id}")
+        _raise_for(response)
+        return JobPublic.model_validate(response.json())
+
+    def job(self, job_id: str) -> Job:
+        """An existing job by id."""
+        return Job(self, self._get_job(job_id))
+
+    def jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[Job]:
+        """Your jobs, newest first, following the pagination cursor."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if status:
+                params["status"] = status
+            if cursor:
+                params["cursor"] = cursor
+            response = self._http.get("/v1/exports", params=params)
+            _raise_for(response)
+            page = response.json()
+            for item in page["items"]:
+                yield Job(self, JobPublic.model_validate(item))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+
+def submit(
+    model: str | os.PathLike[str],
+    *,
+    server: str | None = None,
+    api_key: str | None = None,
+    **kwargs: Any,
+) -> Job:
+    """Submit with a new `Client`; the job keeps the client open for wait/download."""
+    return Client(server, api_key).submit(model, **kwargs)
+
+
+__all__ = ["Client", "Job", "TorchportError", "submit"]
