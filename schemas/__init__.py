@@ -21,7 +21,7 @@ from schemas.graph import (
     RangeConstraint,
     TensorMeta,
 )
-from schemas.job import ArtifactRef, JobPublic, JobStatus, StageEvent
+from schemas.job import ArtifactRef, JobPublic, JobStatus, StageEvent, WebhookDelivery
 from schemas.options import DecompositionOptions, ExportOptions, VerifyOptions
 from schemas.progress import Progress
 from schemas.report import (
@@ -91,6 +91,7 @@ __all__ = [
     "TracingReport",
     "VerificationReport",
     "VerifyOptions",
+    "WebhookDelivery",
     "dynamic_shapes_adapter",
     "parse_dim_expression",
 ]

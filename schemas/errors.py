@@ -32,6 +32,7 @@ ErrorCode = Literal[
     "not_found",
     "rate_limited",
     "internal_error",
+    "conflict",
 ]
 """Stable codes: add, never rename."""
 

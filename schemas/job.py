@@ -34,6 +34,16 @@ class ArtifactRef(StrictModel):
     media_type: str
 
 
+class WebhookDelivery(StrictModel):
+    """How the completion callback (`options.callback_url`) went."""
+
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int = 0
+    last_status_code: int | None = None
+    last_error: str | None = None
+    delivered_at: datetime | None = None
+
+
 class JobPublic(StrictModel):
     """A job as the API returns it."""
 
@@ -48,3 +58,7 @@ class JobPublic(StrictModel):
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    attempts: int = Field(
+        default=0, description="How many times a worker started this job (re-queued once if lost)."
+    )
+    webhook: WebhookDelivery | None = None

@@ -63,6 +63,13 @@ class ExportOptions(StrictModel):
     )
     timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 600
     memory_mb: Annotated[int, Field(ge=256, le=1024 * 1024)] = 8192
+    callback_url: Annotated[str | None, Field(max_length=2048, pattern=r"^https?://")] = Field(
+        default=None,
+        description=(
+            "Service only: on completion, the job body is POSTed here, signed with "
+            "HMAC-SHA256 in the `X-Torchport-Signature` header."
+        ),
+    )
 
     @model_validator(mode="after")
     def _custom_needs_ops(self) -> ExportOptions:

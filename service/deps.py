@@ -1,0 +1,69 @@
+"""FastAPI dependencies as `Annotated` aliases: the app's state, a session, the caller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, Header, Request
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.auth import Authenticator, Caller, RateLimiter
+from service.metrics import Metrics
+from service.settings import ServiceSettings
+from service.store import ArtifactStore
+
+
+@dataclass
+class AppState:
+    """Everything the app builds once at start-up."""
+
+    settings: ServiceSettings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    store: ArtifactStore
+    celery: Celery
+    authenticator: Authenticator
+    rate_limiter: RateLimiter
+    metrics: Metrics
+    fingerprint: str
+
+
+async def get_state(request: Request) -> AppState:
+    """The app's state (async: no thread hop for a dictionary lookup)."""
+    state: AppState = request.app.state.torchport
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def get_session(state: StateDep) -> Iterator[Session]:
+    """A session for one request; endpoints commit what they change."""
+    with state.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+async def get_caller(
+    state: StateDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Caller:
+    """The authenticated caller, counted against its rate limit.
+
+    Async on purpose: lookups are cached (`service.auth.CACHE_TTL_S`), so the rare
+    database query on a miss is cheaper on the loop than a thread hop on every request.
+    """
+    caller = state.authenticator.authenticate(authorization)
+    if caller.key_id is not None:
+        # Without keys the server is loopback-only: the one local user is not throttled.
+        state.rate_limiter.check(caller.identity)
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]

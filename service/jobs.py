@@ -1,0 +1,473 @@
+"""What the endpoints do with jobs: submit (with the result cache), read, list, cancel.
+
+Endpoints stay thin and call these; they run inside one transaction the caller commits,
+and the caller enqueues only after the commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import uuid
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session, selectinload
+
+from schemas import ArtifactRef, ErrorBody, ExportOptions, JobPublic, StageEvent, WebhookDelivery
+from schemas.job import TERMINAL_STATUSES
+from service.auth import Caller
+from service.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from service.models import Artifact, Job, StageEventRow, utcnow
+from service.queue import queue_for
+from service.store import ArtifactStore
+from service.uploads import UploadedForm
+
+MODEL_SUFFIXES = (".py", ".zip")
+INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
+WEIGHTS_SUFFIXES = (".safetensors", ".pt")
+ZIP_MAX_MEMBERS = 10_000
+ZIP_MAX_EXPANSION = 64
+"""A zip may unpack to at most this many times the model limit (zip bombs)."""
+
+MEDIA_TYPES = {".json": "application/json", ".pt2": "application/zip"}
+
+
+def media_type_for(name: str) -> str:
+    """Content type of an artifact by its name."""
+    return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
+
+
+def engine_fingerprint() -> str:
+    """torchport and torch versions, read from package metadata (torch is never imported)."""
+    versions = []
+    for dist in ("torchport", "torch"):
+        try:
+            versions.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{dist}=unknown")
+    return ";".join(versions)
+
+
+def cache_key(
+    *,
+    model: str,
+    inputs: str | None,
+    weights: str | None,
+    options: ExportOptions,
+    fingerprint: str,
+) -> str:
+    """SHA-256 over the uploads' digests, the options that shape the result and versions."""
+    shaping = options.model_dump(mode="json", exclude={"callback_url"})
+    material = json.dumps(
+        {
+            "model": model,
+            "inputs": inputs,
+            "weights": weights,
+            "options": shaping,
+            "engine": fingerprint,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+def parse_options(text: str | None) -> ExportOptions:
+    """Validate the `options` field.
+
+    Raises:
+        InvalidRequest: bad JSON or a field the schema refuses; `details.errors` lists each
+            field path (`options.verify.atol`) with the pydantic error type.
+    """
+    if text is None or not text.strip():
+        return ExportOptions()
+    try:
+        return ExportOptions.model_validate_json(text)
+    except ValidationError as exc:
+        errors = [
+            {
+                "field": ".".join(["options", *(str(p) for p in err["loc"])]),
+                "type": err["type"],
+                "message": err["msg"],
+            }
+            for err in exc.errors(include_url=False)
+        ]
+        fields = ", ".join(e["field"] for e in errors)
+        raise InvalidRequest(f"invalid options: {fields}", details={"errors": errors}) from exc
+
+
+def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> None:
+    upload = form.files.get(field)
+    if upload is not None and Path(upload.filename).suffix.lower() not in allowed:
+        raise InvalidRequest(
+            f"{field} must be one of {', '.join(allowed)}",
+            details={"field": field, "filename": upload.filename, "allowed": list(allowed)},
+        )
+
+
+def validate_uploads(form: UploadedForm, options: ExportOptions, max_model_bytes: int) -> None:
+    """Check what can be checked without running anything: presence, types, encoding.
+
+    Raises:
+        InvalidRequest: no model, a wrong file type, non-UTF-8 source, a broken zip or a
+            zip without the entry file.
+    """
+    model = form.files.get("model")
+    if model is None:
+        raise InvalidRequest("the `model` file is required", details={"field": "model"})
+    _check_suffix(form, "model", MODEL_SUFFIXES)
+    _check_suffix(form, "inputs", INPUTS_SUFFIXES)
+    _check_suffix(form, "weights", WEIGHTS_SUFFIXES)
+    if model.size == 0:
+        raise InvalidRequest("the `model` file is empty", details={"field": "model"})
+    if model.filename.lower().endswith(".py"):
+        try:
+            model.path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(
+                "model source must be UTF-8",
+                details={"field": "model", "reason": "not_utf8", "offset": exc.start},
+            ) from exc
+        return
+    _validate_zip(model.path, options.entry, max_model_bytes)
+
+
+def _validate_zip(path: Path, entry: str | None, max_model_bytes: int) -> None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise InvalidRequest(
+            "model is not a readable zip", details={"field": "model", "reason": "bad_zip"}
+        ) from exc
+    if len(members) > ZIP_MAX_MEMBERS or sum(m.file_size for m in members) > (
+        ZIP_MAX_EXPANSION * max_model_bytes
+    ):
+        raise InvalidRequest(
+            "model zip unpacks to too much", details={"field": "model", "reason": "zip_too_large"}
+        )
+    names = {m.filename for m in members}
+    if any(name.startswith("/") or ".." in Path(name).parts for name in names):
+        raise InvalidRequest(
+            "model zip has paths outside itself", details={"field": "model", "reason": "zip_slip"}
+        )
+    if entry is None:
+        if not any(name.endswith(".py") for name in names):
+            raise InvalidRequest("model zip holds no .py file", details={"field": "options.entry"})
+    elif entry not in names:
+        raise InvalidRequest(
+            f"entry {entry!r} is not in the zip",
+            details={"field": "options.entry", "entry": entry},
+        )
+
+
+@dataclass
+class Submission:
+    """What `submit` decided: the job, and whether it must be sent to the broker."""
+
+    job: Job
+    enqueue: bool
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _owner_filter(caller: Caller) -> ColumnElement[bool]:
+    return Job.owner_id.is_(None) if caller.key_id is None else Job.owner_id == caller.key_id
+
+
+def submit(
+    session: Session,
+    store: ArtifactStore,
+    form: UploadedForm,
+    options: ExportOptions,
+    caller: Caller,
+    *,
+    max_concurrent_jobs: int,
+    fingerprint: str,
+) -> Submission:
+    """Record a job for an upload, or answer from the cache or an identical job in flight.
+
+    Uploads are put into the store (content-addressed) before the row is written, so a
+    committed job always finds its files.
+
+    Raises:
+        RateLimited: the caller's key already has `max_concurrent_jobs` queued or running.
+    """
+    model = form.files["model"]
+    inputs = form.files.get("inputs")
+    weights = form.files.get("weights")
+    key = cache_key(
+        model=model.sha256,
+        inputs=inputs.sha256 if inputs else None,
+        weights=weights.sha256 if weights else None,
+        options=options,
+        fingerprint=fingerprint,
+    )
+    owner = _owner_filter(caller)
+    earlier = session.scalar(
+        select(Job)
+        .where(owner, Job.cache_key == key, Job.status.in_(("succeeded", "queued", "running")))
+        .order_by(Job.created_at.desc())
+        .limit(1)
+        .options(selectinload(Job.artifacts))
+    )
+    if earlier is not None and earlier.status != "succeeded":
+        # A double submission while the first is in flight: one job, not two.
+        return Submission(job=earlier, enqueue=False)
+    for upload in form.files.values():
+        store.put_file(upload.path, sha256=upload.sha256)
+    now = utcnow()
+    job = Job(
+        id=_new_id(),
+        owner_id=caller.key_id,
+        options_json=options.model_dump_json(),
+        cache_key=key,
+        queue=queue_for(options.device).value,
+        model_sha256=model.sha256,
+        model_name=model.filename,
+        inputs_sha256=inputs.sha256 if inputs else None,
+        inputs_name=inputs.filename if inputs else None,
+        weights_sha256=weights.sha256 if weights else None,
+        weights_name=weights.filename if weights else None,
+        created_at=now,
+        attempts=0,
+        cancel_requested=False,
+        webhook_attempts=0,
+        webhook_status="pending" if options.callback_url else None,
+    )
+    if earlier is not None:
+        job.status = "succeeded"
+        job.cache_hit = True
+        job.source_job_id = earlier.id
+        job.started_at = now
+        job.finished_at = now
+        session.add(job)
+        session.add(StageEventRow(job_id=job.id, seq=0, status="succeeded", at=now))
+        for artifact in earlier.artifacts:
+            session.add(
+                Artifact(
+                    job_id=job.id,
+                    name=artifact.name,
+                    sha256=artifact.sha256,
+                    size=artifact.size,
+                    media_type=artifact.media_type,
+                    created_at=now,
+                )
+            )
+        session.flush()
+        return Submission(job=job, enqueue=False)
+    # Limits are per key; a keyless server is loopback-only and its one user is not limited.
+    active = 0
+    if caller.key_id is not None:
+        active = (
+            session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(owner, Job.status.in_(("queued", "running")))
+            )
+            or 0
+        )
+    if active >= max_concurrent_jobs:
+        raise RateLimited(
+            f"this key already has {active} jobs queued or running",
+            retry_after_s=5.0,
+            details={"max_concurrent_jobs": max_concurrent_jobs},
+        )
+    job.status = "queued"
+    job.cache_hit = False
+    job.enqueued_at = now
+    session.add(job)
+    session.add(StageEventRow(job_id=job.id, seq=0, status="queued", at=now))
+    session.flush()
+    return Submission(job=job, enqueue=True)
+
+
+def get_job(session: Session, job_id: str, caller: Caller) -> Job:
+    """The caller's job with its events and artifacts.
+
+    Raises:
+        NotFound: no such job, or it belongs to another key (never `forbidden`: ids of
+            others' jobs are not confirmed).
+    """
+    job = session.scalar(
+        select(Job)
+        .where(Job.id == job_id, _owner_filter(caller))
+        .options(selectinload(Job.events), selectinload(Job.artifacts))
+    )
+    if job is None:
+        raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})
+    return job
+
+
+def load_job(session: Session, job_id: str) -> Job | None:
+    """Any job by id with its events and artifacts (workers; no owner check)."""
+    return session.scalar(
+        select(Job)
+        .where(Job.id == job_id)
+        .options(selectinload(Job.events), selectinload(Job.artifacts))
+    )
+
+
+def to_public(job: Job) -> JobPublic:
+    """The API view of a job whose events and artifacts are loaded."""
+    webhook = None
+    if job.webhook_status is not None:
+        webhook = WebhookDelivery(
+            status=job.webhook_status,
+            attempts=job.webhook_attempts,
+            last_status_code=job.webhook_last_status_code,
+            last_error=job.webhook_last_error,
+            delivered_at=job.webhook_delivered_at,
+        )
+    return JobPublic(
+        id=job.id,
+        status=job.status,
+        stage=job.stage,
+        stages=[event_to_public(e) for e in job.events],
+        options=ExportOptions.model_validate_json(job.options_json),
+        error=ErrorBody.model_validate_json(job.error_json) if job.error_json else None,
+        artifacts=[
+            ArtifactRef(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type)
+            for a in job.artifacts
+        ],
+        cache_hit=job.cache_hit,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempts=job.attempts,
+        webhook=webhook,
+    )
+
+
+def event_to_public(row: StageEventRow) -> StageEvent:
+    """A stored stage event as the API shows it."""
+    return StageEvent(
+        stage=row.stage,
+        status=row.status,
+        at=row.at,
+        fraction=row.fraction,
+        message=row.message,
+    )
+
+
+def _encode_cursor(job: Job) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|", 1)
+        return datetime.fromisoformat(created), job_id
+    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
+        raise InvalidRequest("invalid cursor", details={"field": "cursor"}) from exc
+
+
+def list_jobs(
+    session: Session,
+    caller: Caller,
+    *,
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Job], str | None]:
+    """The caller's jobs, newest first; returns one page and the cursor of the next."""
+    query = select(Job).where(_owner_filter(caller))
+    if status is not None:
+        query = query.where(Job.status == status)
+    if cursor is not None:
+        created, job_id = _decode_cursor(cursor)
+        query = query.where(
+            (Job.created_at < created) | ((Job.created_at == created) & (Job.id < job_id))
+        )
+    query = (
+        query.order_by(Job.created_at.desc(), Job.id.desc())
+        .limit(limit + 1)
+        .options(selectinload(Job.events), selectinload(Job.artifacts))
+    )
+    jobs = list(session.scalars(query))
+    next_cursor = _encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
+    return jobs[:limit], next_cursor
+
+
+def next_seq(session: Session, job_id: str) -> int:
+    """The sequence number the next stage event of a job gets."""
+    current = session.scalar(
+        select(func.max(StageEventRow.seq)).where(StageEventRow.job_id == job_id)
+    )
+    return 0 if current is None else current + 1
+
+
+def cancel(session: Session, job_id: str, caller: Caller) -> Job:
+    """Cancel a queued job at once, or ask the worker of a running job to kill it.
+
+    Raises:
+        NotFound: as `get_job`.
+        Conflict: the job already finished.
+    """
+    job = session.scalar(
+        select(Job).where(Job.id == job_id, _owner_filter(caller)).with_for_update()
+    )
+    if job is None:
+        raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})
+    if job.status in TERMINAL_STATUSES:
+        raise Conflict(
+            f"job {job_id} already {job.status}",
+            details={"job_id": job_id, "status": job.status},
+        )
+    now = utcnow()
+    job.cancel_requested = True
+    if job.status == "queued":
+        job.status = "canceled"
+        job.finished_at = now
+        job.error_json = ErrorBody(
+            code="canceled", message="canceled by the user"
+        ).model_dump_json()
+        session.add(
+            StageEventRow(job_id=job.id, seq=next_seq(session, job.id), status="canceled", at=now)
+        )
+    session.flush()
+    return get_job(session, job_id, caller)
+
+
+def events_after(session: Session, job_id: str, seq: int) -> list[StageEventRow]:
+    """Stage events of a job with a sequence number above `seq`, in order."""
+    return list(
+        session.scalars(
+            select(StageEventRow)
+            .where(StageEventRow.job_id == job_id, StageEventRow.seq > seq)
+            .order_by(StageEventRow.seq)
+        )
+    )
+
+
+def find_artifact(session: Session, job: Job, name: str) -> Artifact:
+    """An artifact of a finished job.
+
+    Raises:
+        Conflict: the job has not finished yet.
+        NotFound: the job finished without an artifact of that name.
+    """
+    if job.status not in TERMINAL_STATUSES:
+        raise Conflict(
+            f"job {job.id} is {job.status}: artifacts are ready when it finishes",
+            details={"job_id": job.id, "status": job.status},
+        )
+    for artifact in job.artifacts:
+        if artifact.name == name:
+            return artifact
+    raise NotFound(
+        f"job {job.id} has no artifact {name!r}",
+        details={"job_id": job.id, "artifact": name, "available": [a.name for a in job.artifacts]},
+    )

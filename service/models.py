@@ -1,0 +1,149 @@
+"""Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys.
+
+The job row is the source of truth for a job's status; the broker only carries its id.
+Schema changes go through Alembic (`service/migrations/`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    """Now, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps stored in UTC and read back timezone-aware (SQLite forgets the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table."""
+
+
+class ApiKey(Base):
+    """An API key; only the SHA-256 of the secret is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    webhook_secret: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Job(Base):
+    """One export job."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("api_keys.id"), nullable=True
+    )
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    options_json: Mapped[str] = mapped_column(Text)
+    error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cache_key: Mapped[str] = mapped_column(String(64))
+    cache_hit: Mapped[bool] = mapped_column(Boolean, default=False)
+    source_job_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    queue: Mapped[str] = mapped_column(String(16), default="cpu")
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_name: Mapped[str] = mapped_column(String(255))
+    inputs_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    inputs_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    weights_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    weights_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    webhook_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    webhook_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    webhook_last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    webhook_last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    webhook_delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    events: Mapped[list[StageEventRow]] = relationship(
+        order_by="StageEventRow.seq", cascade="all, delete-orphan", lazy="raise"
+    )
+    artifacts: Mapped[list[Artifact]] = relationship(
+        order_by="Artifact.name", cascade="all, delete-orphan", lazy="raise"
+    )
+
+    __table_args__ = (
+        Index("ix_jobs_owner_created", "owner_id", "created_at", "id"),
+        Index("ix_jobs_status", "status"),
+        Index("ix_jobs_cache_key", "cache_key"),
+    )
+
+
+class StageEventRow(Base):
+    """A stage change of a job; the event stream replays these in `seq` order."""
+
+    __tablename__ = "stage_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    __table_args__ = (Index("ix_stage_events_job_seq", "job_id", "seq", unique=True),)
+
+
+class Artifact(Base):
+    """A file a job produced, stored content-addressed by its SHA-256."""
+
+    __tablename__ = "artifacts"
+
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    media_type: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -1,0 +1,316 @@
+"""`/v1/exports`: submit, read, follow, download, cancel and list export jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from schemas import JobPublic, JobStatus
+from schemas.job import TERMINAL_STATUSES
+from service import jobs
+from service.deps import AppState, CallerDep, SessionDep, StateDep
+from service.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    Unauthorized,
+    UploadTooLarge,
+    error_responses,
+)
+from service.lifecycle import mark_unsent
+from service.queue import enqueue_export, queue_for
+from service.uploads import receive_form
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/exports", tags=["exports"])
+
+JOB_ID = Annotated[str, Field(max_length=64)]
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+UPLOAD_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["model"],
+                "properties": {
+                    "model": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "A .py file or a .zip of a package.",
+                    },
+                    "inputs": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Example inputs: .safetensors, .pt or .json.",
+                    },
+                    "weights": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "A state dict: .safetensors or .pt.",
+                    },
+                    "options": {
+                        "type": "string",
+                        "description": "ExportOptions as a JSON string (see options.schema.json).",
+                    },
+                },
+            }
+        }
+    },
+}
+
+
+class JobList(BaseModel):
+    """One page of jobs, newest first."""
+
+    items: list[JobPublic]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; null on the last."
+    )
+
+
+def _job_response(job: JobPublic, status_code: int) -> JSONResponse:
+    return JSONResponse(status_code=status_code, content=job.model_dump(mode="json"))
+
+
+def _submit_in_db(state: AppState, form: Any, options: Any, caller: Any) -> tuple[JobPublic, bool]:
+    with state.sessions() as session, session.begin():
+        submission = jobs.submit(
+            session,
+            state.store,
+            form,
+            options,
+            caller,
+            max_concurrent_jobs=state.settings.max_concurrent_jobs,
+            fingerprint=state.fingerprint,
+        )
+        job = jobs.get_job(session, submission.job.id, caller)
+        public = jobs.to_public(job)
+    return public, submission.enqueue
+
+
+def _enqueue_after_commit(state: AppState, job: JobPublic) -> None:
+    try:
+        enqueue_export(state.celery, job.id, queue_for(job.options.device).value)
+    except Exception:
+        # The row is committed and stays queued: the reaper sends it once the broker is back.
+        logger.exception("could not enqueue job %s; the reaper will retry", job.id)
+        mark_unsent(state.sessions, job.id)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobPublic,
+    summary="Submit an export",
+    openapi_extra={"requestBody": UPLOAD_BODY},
+    responses=error_responses(InvalidRequest, UploadTooLarge, Unauthorized, RateLimited),
+)
+async def create_export(request: Request, state: StateDep, caller: CallerDep) -> JSONResponse:
+    """Upload a model (and optional inputs, weights, options); answers 202 with the job.
+
+    An identical earlier success of the same caller answers at once with `cache_hit: true`;
+    an identical job still in flight is returned instead of starting a second one.
+    """
+    tmp_root = state.settings.data_dir / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(dir=tmp_root, prefix="upload-"))
+    try:
+        form = await receive_form(request, state.settings.upload_limits, directory)
+        options = jobs.parse_options(form.options)
+        jobs.validate_uploads(form, options, state.settings.max_model_bytes)
+        public, enqueue = await run_in_threadpool(_submit_in_db, state, form, options, caller)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if enqueue:
+        await run_in_threadpool(_enqueue_after_commit, state, public)
+        state.metrics.submissions.labels("queued").inc()
+    else:
+        state.metrics.submissions.labels("cache_hit" if public.cache_hit else "duplicate").inc()
+    return _job_response(public, 202)
+
+
+@router.get(
+    "",
+    response_model=JobList,
+    summary="List your jobs",
+    responses=error_responses(InvalidRequest, Unauthorized, RateLimited),
+)
+def list_exports(
+    session: SessionDep,
+    caller: CallerDep,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this status.")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> JobList:
+    """The caller's jobs, newest first, one page at a time."""
+    page, next_cursor = jobs.list_jobs(session, caller, status=status, limit=limit, cursor=cursor)
+    return JobList(items=[jobs.to_public(job) for job in page], next_cursor=next_cursor)
+
+
+@router.get(
+    "/{job_id}",
+    response_model=JobPublic,
+    summary="Get a job",
+    responses=error_responses(NotFound, Unauthorized, RateLimited),
+)
+async def get_export(job_id: str, state: StateDep, caller: CallerDep) -> Response:
+    """The job: status, stage, stage events, options, error, artifacts, timestamps."""
+
+    def read() -> str:
+        with state.sessions() as session:
+            return jobs.to_public(jobs.get_job(session, job_id, caller)).model_dump_json()
+
+    # The hot path: one thread hop for the database, serialized once by pydantic-core
+    # and not validated again by FastAPI.
+    return Response(await run_in_threadpool(read), media_type="application/json")
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=JobPublic,
+    summary="Cancel a job",
+    responses={
+        202: {"model": JobPublic, "description": "Running: the worker is stopping it."},
+        **error_responses(NotFound, Conflict, Unauthorized, RateLimited),
+    },
+)
+def cancel_export(job_id: str, session: SessionDep, caller: CallerDep) -> JSONResponse:
+    """Cancel a queued job (200, canceled) or a running one (202, its sandbox is killed)."""
+    with session.begin():
+        job = jobs.cancel(session, job_id, caller)
+        public = jobs.to_public(job)
+    return _job_response(public, 200 if public.status == "canceled" else 202)
+
+
+@router.get(
+    "/{job_id}/events",
+    summary="Follow a job (server-sent events)",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`stage` events (a StageEvent each, `id` = sequence number), "
+            "then one `job` event with the final job.",
+        },
+        **error_responses(NotFound, Unauthorized, RateLimited),
+    },
+)
+async def follow_export(
+    job_id: str,
+    state: StateDep,
+    caller: CallerDep,
+    last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> EventSourceResponse:
+    """Stage events as they happen, ending with the final job; resumable by Last-Event-ID."""
+
+    def load(seq: int) -> tuple[list[Any], JobPublic | None, str]:
+        with state.sessions() as session:
+            job = jobs.get_job(session, job_id, caller)
+            events = [(e.seq, jobs.event_to_public(e)) for e in job.events if e.seq > seq]
+            final = jobs.to_public(job) if job.status in TERMINAL_STATUSES else None
+            return events, final, job.status
+
+    seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else -1
+    first = await run_in_threadpool(load, seq)
+
+    async def stream() -> AsyncIterator[ServerSentEvent]:
+        nonlocal seq
+        batch = first
+        deadline = time.monotonic() + state.settings.events_max_duration_s
+        while True:
+            events, final, _ = batch
+            for number, event in events:
+                seq = number
+                yield ServerSentEvent(data=event.model_dump_json(), event="stage", id=str(number))
+            if final is not None:
+                yield ServerSentEvent(data=final.model_dump_json(), event="job")
+                return
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(state.settings.events_poll_interval_s)
+            batch = await run_in_threadpool(load, seq)
+
+    return EventSourceResponse(stream(), ping=15)
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """(start, end) inclusive for a single `bytes=` range, or None for the whole file."""
+    match = _RANGE.match(header.strip())
+    if match is None or (not match.group(1) and not match.group(2)):
+        return None
+    first, last = match.group(1), match.group(2)
+    if first:
+        start = int(first)
+        end = min(int(last), size - 1) if last else size - 1
+    else:
+        length = int(last)
+        start, end = max(0, size - length), size - 1
+    if start >= size or start > end:
+        raise _RangeNotSatisfiable(size)
+    return start, end
+
+
+class _RangeNotSatisfiable(Exception):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+@router.get(
+    "/{job_id}/artifacts/{name}",
+    summary="Download an artifact",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}, "application/json": {}}},
+        206: {"description": "The requested byte range."},
+        416: {"description": "The range is outside the file."},
+        **error_responses(NotFound, Conflict, Unauthorized, RateLimited),
+    },
+)
+def download_artifact(
+    job_id: str,
+    name: str,
+    session: SessionDep,
+    state: StateDep,
+    caller: CallerDep,
+    range_header: Annotated[str | None, Header(alias="range", include_in_schema=False)] = None,
+) -> Response:
+    """The artifact's bytes, streamed, with `Range` support; only for finished jobs."""
+    job = jobs.get_job(session, job_id, caller)
+    artifact = jobs.find_artifact(session, job, name)
+    size = artifact.size
+    headers = {
+        "Accept-Ranges": "bytes",
+        "ETag": f'"{artifact.sha256}"',
+        "Content-Disposition": f'attachment; filename="{artifact.name}"',
+        "Cache-Control": "private, max-age=31536000, immutable",
+    }
+    try:
+        byte_range = _parse_range(range_header, size) if range_header else None
+    except _RangeNotSatisfiable:
+        return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
+    if byte_range is None:
+        body: Iterator[bytes] = state.store.read(artifact.sha256)
+        headers["Content-Length"] = str(size)
+        return StreamingResponse(body, media_type=artifact.media_type, headers=headers)
+    start, end = byte_range
+    body = state.store.read(artifact.sha256, start, end)
+    headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+    headers["Content-Length"] = str(end - start + 1)
+    return StreamingResponse(body, status_code=206, media_type=artifact.media_type, headers=headers)

@@ -1,0 +1,96 @@
+"""Fixtures of the API tests: a real PostgreSQL database and a real Redis broker.
+
+Each test session gets its own PostgreSQL database and its own Redis key prefix, so
+parallel suites on the same servers never see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from service.app import build_state, create_app
+from service.database import migrate
+from service.deps import AppState
+from service.settings import ServiceSettings
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "tests" / "models"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this session, migrated to the newest schema."""
+    name = f"torchport_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    migrate(url)
+    yield url
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def redis_prefix() -> Iterator[str]:
+    """A Redis key prefix owned by this session; its keys are deleted at the end."""
+    prefix = f"torchport-test-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+
+
+def make_settings(
+    tmp_path: Path, pg_url: str, redis_prefix: str, **overrides: object
+) -> ServiceSettings:
+    """Settings against the session's database and broker, with test overrides."""
+    values: dict[str, object] = {
+        "data_dir": tmp_path / "data",
+        "database_url": pg_url,
+        "broker_url": REDIS_URL,
+        "broker_key_prefix": redis_prefix,
+        "auto_migrate": False,
+        "reaper_interval_s": 3600.0,
+    }
+    values.update(overrides)
+    return ServiceSettings(**values)  # type: ignore[arg-type]
+
+
+def _truncate(state: AppState) -> None:
+    with state.engine.begin() as conn:
+        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys CASCADE"))
+
+
+@pytest.fixture
+def settings(tmp_path: Path, pg_url: str, redis_prefix: str) -> ServiceSettings:
+    return make_settings(tmp_path, pg_url, redis_prefix)
+
+
+@pytest.fixture
+def state(settings: ServiceSettings) -> Iterator[AppState]:
+    state = build_state(settings)
+    _truncate(state)
+    yield state
+    _truncate(state)
+    state.engine.dispose()
+
+
+@pytest.fixture
+def client(state: AppState) -> Iterator[TestClient]:
+    with TestClient(create_app(state=state)) as test_client:
+        yield test_client
+
+
+def model_file(name: str = "service_small.py") -> tuple[str, bytes]:
+    """(file name, bytes) of a model fixture."""
+    return name, (MODELS / name).read_bytes()

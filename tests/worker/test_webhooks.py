@@ -1,0 +1,110 @@
+"""Completion callbacks: signed with the key's secret, recorded on the job, retried."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from schemas import ExportOptions
+from service.auth import create_key
+from service.database import transaction
+from service.models import Job
+from tests.worker.test_execution import add_job, public
+from worker.execution import WorkerContext
+from worker.webhooks import DeliveryFailed, deliver
+
+
+class Receiver:
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.requests.append((dict(self.headers), body))
+                self.send_response(receiver.status)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(200)
+    yield r
+    r.server.shutdown()
+
+
+def finished_job(context: WorkerContext, tmp_path: Path, url: str, owner: str | None) -> str:
+    job_id = add_job(context, tmp_path, ExportOptions(callback_url=url))
+    with transaction(context.sessions) as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status="succeeded", owner_id=owner, webhook_status="pending")
+        )
+    return job_id
+
+
+def test_delivery_is_signed_with_the_keys_secret(
+    context: WorkerContext, tmp_path: Path, receiver: Receiver
+) -> None:
+    with transaction(context.sessions) as session:
+        key = create_key(session, "hooks")
+    job_id = finished_job(context, tmp_path, receiver.url, key.id)
+    assert deliver(context, job_id, final_attempt=False) is True
+    headers, body = receiver.requests[0]
+    expected = hmac.new(
+        key.webhook_secret.encode(),
+        headers["X-Torchport-Timestamp"].encode() + b"." + body,
+        hashlib.sha256,
+    ).hexdigest()
+    assert headers["X-Torchport-Signature"] == f"sha256={expected}"
+    assert json.loads(body)["id"] == job_id
+    webhook = public(context, job_id).webhook
+    assert webhook is not None
+    assert (webhook.status, webhook.attempts, webhook.last_status_code) == ("delivered", 1, 200)
+    assert deliver(context, job_id, final_attempt=False) is True
+    assert len(receiver.requests) == 1  # delivered once, not again
+
+
+def test_keyless_jobs_use_the_server_secret(
+    context: WorkerContext, tmp_path: Path, receiver: Receiver
+) -> None:
+    job_id = finished_job(context, tmp_path, receiver.url, None)
+    deliver(context, job_id, final_attempt=False)
+    headers, body = receiver.requests[0]
+    expected = hmac.new(
+        b"w" * 32, headers["X-Torchport-Timestamp"].encode() + b"." + body, hashlib.sha256
+    ).hexdigest()
+    assert headers["X-Torchport-Signature"] == f"sha256={expected}"
+
+
+def test_failures_are_retried_then_recorded(context: WorkerContext, tmp_path: Path) -> None:
+    failing = Receiver(503)
+    try:
+        job_id = finished_job(context, tmp_path, failing.url, None)
+        with pytest.raises(DeliveryFailed):
+            deliver(context, job_id, final_attempt=False)
+        assert public(context, job_id).webhook.status == "pending"  # type: ignore[union-attr]
+        assert deliver(context, job_id, final_attempt=True) is False
+        webhook = public(context, job_id).webhook
+        assert webhook is not None
+        assert (webhook.status, webhook.attempts, webhook.last_status_code) == ("failed", 2, 503)
+    finally:
+        failing.server.shutdown()

@@ -1,0 +1,301 @@
+"""Running one job on a worker: claim it, fetch its uploads, run the sandbox while
+streaming stage events and heartbeats, store the artifacts, finish the row.
+
+The Celery task (`worker.tasks`) only adds retries and bookkeeping around `execute`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from schemas import ErrorBody, ReportDocument
+from service.database import make_engine, make_session_factory, transaction
+from service.jobs import media_type_for
+from service.lifecycle import ClaimedJob, StoredArtifact, claim, finish, heartbeat, record_stage
+from service.models import Job
+from service.store import ArtifactStore, open_store
+from worker.settings import WorkerSettings
+
+logger = logging.getLogger(__name__)
+
+_ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PROGRESS_MIN_INTERVAL_S = 0.5
+"""Progress within one stage is written at most this often; stage changes always."""
+
+
+class Runner(Protocol):
+    """What the worker needs of `worker.sandbox.SandboxRunner`."""
+
+    def run(
+        self,
+        job: Any,
+        *,
+        on_progress: Callable[[Any], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Any:
+        """Run one job to completion; returns a SandboxResult."""
+        ...
+
+    def close(self) -> None:
+        """Stop the zygote."""
+        ...
+
+
+@dataclass
+class WorkerContext:
+    """What a worker process builds once: database, store, sandbox runner, identity."""
+
+    settings: WorkerSettings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    store: ArtifactStore
+    identity: str
+    _runner: Runner | None = None
+    _runner_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(cls, settings: WorkerSettings) -> WorkerContext:
+        """Connect to the database and the store named by `settings`."""
+        engine = make_engine(settings.resolved_database_url)
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessions=make_session_factory(engine),
+            store=open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url),
+            identity=f"{settings.worker_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+        )
+
+    def runner(self) -> Runner:
+        """The process's one sandbox runner (a warm zygote), started on first use."""
+        with self._runner_lock:
+            if self._runner is None:
+                from worker.sandbox import SandboxRunner, SandboxSettings
+
+                sandbox_settings = SandboxSettings(
+                    enabled=self.settings.sandbox_enabled,
+                    use_bwrap=self.settings.sandbox_use_bwrap,
+                    max_memory_mb=self.settings.sandbox_max_memory_mb,
+                    max_timeout_s=self.settings.sandbox_max_timeout_s,
+                )
+                runner = SandboxRunner(sandbox_settings)
+                runner.start()
+                self._runner = runner
+            return self._runner
+
+    def close(self) -> None:
+        """Stop the runner and release connections."""
+        with self._runner_lock:
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
+        self.engine.dispose()
+
+
+class _Watcher(threading.Thread):
+    """Heartbeats the job and turns a cancel request into the sandbox's cancel event."""
+
+    def __init__(self, context: WorkerContext, job_id: str) -> None:
+        super().__init__(name=f"watch-{job_id}", daemon=True)
+        self.context = context
+        self.job_id = job_id
+        self.cancel = threading.Event()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        interval = self.context.settings.heartbeat_interval_s
+        while not self._halt.wait(interval):
+            try:
+                if heartbeat(self.context.sessions, self.job_id, self.context.identity):
+                    self.cancel.set()
+            except Exception:
+                # A database hiccup must not kill the job; the next beat tries again.
+                logger.warning("heartbeat of %s failed", self.job_id, exc_info=True)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+
+
+class _ProgressRecorder:
+    """Writes the sandbox's progress reports as stage events, throttled within a stage."""
+
+    def __init__(self, context: WorkerContext, job_id: str) -> None:
+        self.context = context
+        self.job_id = job_id
+        self._stage: str | None = None
+        self._last = 0.0
+
+    def __call__(self, progress: Any) -> None:
+        stage = getattr(progress, "stage", None)
+        if stage is None:
+            return
+        fraction = getattr(progress, "fraction", None)
+        message = getattr(progress, "message", None) or None
+        now = time.monotonic()
+        changed = stage != self._stage
+        if not changed and now - self._last < PROGRESS_MIN_INTERVAL_S:
+            return
+        self._stage = stage
+        self._last = now
+        try:
+            record_stage(
+                self.context.sessions,
+                self.job_id,
+                self.context.identity,
+                stage=stage,
+                status="started" if changed else "progress",
+                fraction=fraction,
+                message=message,
+            )
+        except Exception:
+            logger.warning("could not record progress of %s", self.job_id, exc_info=True)
+
+
+def _fetch_uploads(store: ArtifactStore, claimed: ClaimedJob, upload_dir: Path) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for role, sha, name in (
+        ("model", claimed.model_sha256, claimed.model_name),
+        ("inputs", claimed.inputs_sha256, claimed.inputs_name),
+        ("weights", claimed.weights_sha256, claimed.weights_name),
+    ):
+        if sha is None or name is None:
+            continue
+        target = upload_dir / role / name
+        store.fetch(sha, target)
+        files[role] = target
+    return files
+
+
+def store_artifacts(
+    store: ArtifactStore, artifacts: dict[str, Path], max_bytes: int
+) -> list[StoredArtifact]:
+    """Put the sandbox's outputs in the store; names and sizes are checked (untrusted)."""
+    stored = []
+    for name, path in sorted(artifacts.items()):
+        if not _ARTIFACT_NAME.match(name) or not path.is_file() or path.is_symlink():
+            logger.warning("dropping artifact %r: bad name or not a regular file", name)
+            continue
+        if path.stat().st_size > max_bytes:
+            raise ArtifactTooLarge(name, path.stat().st_size, max_bytes)
+        sha256, size = store.put_file(path)
+        stored.append(
+            StoredArtifact(name=name, sha256=sha256, size=size, media_type=media_type_for(name))
+        )
+    return stored
+
+
+class ArtifactTooLarge(Exception):
+    """A job produced a file over `max_artifact_bytes`."""
+
+    def __init__(self, name: str, size: int, limit: int) -> None:
+        super().__init__(f"{name} is {size} bytes, over the limit of {limit}")
+        self.name = name
+        self.size = size
+        self.limit = limit
+
+
+def _final_status(error: ErrorBody | None, canceled: bool) -> str:
+    if error is None:
+        return "succeeded"
+    if error.code == "canceled" or canceled:
+        return "canceled"
+    return "failed"
+
+
+def release(context: WorkerContext, job_id: str) -> None:
+    """Give a claimed job back to the queue after an infrastructure error (before a retry)."""
+    with transaction(context.sessions) as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "running", Job.worker == context.identity)
+            .values(status="queued", stage=None, worker=None, attempts=Job.attempts - 1)
+        )
+
+
+def execute(context: WorkerContext, job_id: str) -> str | None:
+    """Run job `job_id` if it is still queued; returns its final status, or None if skipped.
+
+    Infrastructure errors (database, store) propagate for the task to retry; anything
+    the sandbox reports, including its own crashes, ends the job.
+    """
+    claimed = claim(context.sessions, job_id, context.identity)
+    if claimed is None:
+        logger.info("job %s is not queued any more; nothing to do", job_id)
+        return None
+    from worker.sandbox import SandboxJob
+
+    root = context.settings.resolved_work_dir / job_id
+    shutil.rmtree(root, ignore_errors=True)
+    upload_dir, job_dir = root / "upload", root / "job"
+    job_dir.mkdir(parents=True)
+    watcher = _Watcher(context, job_id)
+    watcher.start()  # heartbeats from the claim on: a large download is not a dead worker
+    try:
+        files = _fetch_uploads(context.store, claimed, upload_dir)
+        options = json.loads(claimed.options_json)
+        options.pop("callback_url", None)
+        try:
+            result = context.runner().run(
+                SandboxJob(
+                    model=files["model"],
+                    inputs=files.get("inputs"),
+                    weights=files.get("weights"),
+                    options=options,
+                    job_dir=job_dir,
+                ),
+                on_progress=_ProgressRecorder(context, job_id),
+                cancel=watcher.cancel,
+            )
+            error: ErrorBody | None = result.error
+            artifacts = dict(result.artifacts)
+            report: ReportDocument | None = result.report
+        except Exception as exc:
+            logger.exception("the sandbox runner failed on job %s", job_id)
+            error = ErrorBody(
+                code="internal_error",
+                message="the sandbox runner failed: this is a bug in torchport",
+                details={"type": type(exc).__name__, "reason": str(exc)[:500]},
+            )
+            artifacts, report = {}, None
+        if report is not None and "report.json" not in artifacts:
+            path = job_dir / "report.json"
+            path.write_text(report.model_dump_json(indent=2))
+            artifacts["report.json"] = path
+        try:
+            stored = store_artifacts(context.store, artifacts, context.settings.max_artifact_bytes)
+        except ArtifactTooLarge as exc:
+            error = ErrorBody(
+                code="internal_error",
+                message=str(exc),
+                details={"reason": "artifact_too_large", "artifact": exc.name, "limit": exc.limit},
+            )
+            stored = []
+        status = _final_status(error, watcher.cancel.is_set())
+        if status == "canceled":
+            error = ErrorBody(code="canceled", message="canceled by the user")
+        finished = finish(
+            context.sessions,
+            job_id,
+            context.identity,
+            status=status,
+            error=error,
+            artifacts=stored,
+        )
+        return status if finished else None
+    finally:
+        watcher.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""Configuration of a worker process: one pydantic-settings class, `TORCHPORT_` prefix."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from service.settings import CommonSettings
+
+
+class WorkerSettings(CommonSettings):
+    """Settings of `torchport worker` (and the workers `torchport serve` starts)."""
+
+    work_dir: Path | None = Field(
+        default=None, description="Scratch space for running jobs; default `<data_dir>/work`."
+    )
+    queues: str = Field(default="cpu", description="Comma-separated queues to consume.")
+    worker_name: str = Field(
+        default_factory=socket.gethostname, description="Shown as the job's worker."
+    )
+    sandbox_enabled: bool = Field(
+        default=True,
+        description="Confine uploaded code (rlimits, Landlock, seccomp; see DESIGN.md). "
+        "Turn off only for trusted code in development.",
+    )
+    sandbox_use_bwrap: bool | Literal["auto"] = Field(
+        default="auto", description="Wrap jobs in bubblewrap: true, false, or auto (when it works)."
+    )
+    sandbox_max_memory_mb: int = Field(
+        default=16384, ge=256, description="Upper bound on a job's `memory_mb`."
+    )
+    sandbox_max_timeout_s: float = Field(
+        default=3600, gt=0, description="Upper bound on a job's `timeout_s`."
+    )
+    max_artifact_bytes: int = Field(
+        default=16 * 2**30, gt=0, description="A job output over this size fails the job."
+    )
+    infra_retries: int = Field(
+        default=3, ge=0, description="Retries of a task after database, store or broker errors."
+    )
+    webhook_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of one delivery.")
+    webhook_retries: int = Field(default=5, ge=0, description="Retries of a failed delivery.")
+    webhook_backoff_s: float = Field(
+        default=2.0, gt=0, description="First retry delay; doubles with each retry."
+    )
+    webhook_secret: str | None = Field(
+        default=None,
+        min_length=32,
+        description="Signs webhooks of jobs submitted without an API key.",
+    )
+
+    @property
+    def resolved_work_dir(self) -> Path:
+        """The scratch directory of running jobs."""
+        return self.work_dir or self.data_dir / "work"
+
+    @property
+    def queue_list(self) -> list[str]:
+        """The queues to consume."""
+        return [q.strip() for q in self.queues.split(",") if q.strip()]
