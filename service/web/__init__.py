@@ -1,0 +1,43 @@
+"""The browser pages: the upload form, job, result and failure views, the jobs list.
+
+Static files only (HTML, one CSS file, ES modules and a vendored graph-layout bundle), served
+at `/` and `/web/`; the pages call the public `/v1` API like any other client. Nothing is
+fetched from elsewhere, so they work offline. `scripts/build_web.sh` rebuilds the vendored
+bundle; see `docs/web.md`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+__all__ = ["STATIC_DIR", "mount", "render_index"]
+
+STATIC_DIR = Path(__file__).parent / "static"
+"""HTML, CSS, scripts and the vendored bundle served under `/web/`."""
+
+_LIMIT_FIELDS = ("model", "inputs", "weights", "options")
+
+
+def render_index(upload_limits: dict[str, int] | None) -> str:
+    """The single-page shell, with the server's upload limits for checks before submit."""
+    limits = {k: v for k, v in (upload_limits or {}).items() if k in _LIMIT_FIELDS}
+    page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    return page.replace("__TORCHPORT_LIMITS__", html.escape(json.dumps(limits), quote=True))
+
+
+def mount(app: FastAPI) -> None:
+    """Serve the pages at `/` and their assets at `/web/` (leaves `/v1`, `/healthz`, … alone)."""
+
+    async def index(request: Request) -> HTMLResponse:
+        settings = getattr(request.app.state, "settings", None)
+        limits = getattr(settings, "upload_limits", None)
+        return HTMLResponse(render_index(limits), headers={"Cache-Control": "no-cache"})
+
+    app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
+    app.mount("/web", StaticFiles(directory=STATIC_DIR), name="web")

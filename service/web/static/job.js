@@ -1,0 +1,193 @@
+// A job: live stage progress from the event stream, elapsed time per stage, cancel; then the
+// result or the failure once it finishes.
+import { h, fill, card, badge, formatSeconds, formatTime } from "./dom.js";
+import { getJob, followJob, cancelJob, getArtifactJson, ApiError } from "./api.js";
+import { renderResult } from "./result.js";
+import { renderFailure } from "./failure.js";
+import { uploads } from "./session.js";
+
+export const STAGES = ["loading", "tracing", "decomposing", "verifying", "serializing"];
+const STAGE_HELP = {
+  loading: "importing your module, building the example inputs, running it once eagerly",
+  tracing: "torch.export.export: recording the tensor operations with symbolic shapes",
+  decomposing: "run_decompositions: lowering to the core ATen operator set",
+  verifying: "running the exported program against eager PyTorch on sampled shapes",
+  serializing: "torch.export.save, then loading it back in a fresh process",
+};
+const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
+
+/** Per stage: {state, started, ended} from the job's stage events (ISO times). */
+export function stageTimeline(job) {
+  const starts = new Map();
+  let current = null;
+  const order = [];
+  for (const event of job.stages || []) {
+    if (event.stage && !starts.has(event.stage)) {
+      starts.set(event.stage, Date.parse(event.at));
+      order.push(event.stage);
+    }
+    if (event.stage) current = event.stage;
+  }
+  const finished = job.finished_at ? Date.parse(job.finished_at) : null;
+  const timeline = {};
+  for (const stage of STAGES) {
+    const index = order.indexOf(stage);
+    if (index < 0) {
+      timeline[stage] = { state: TERMINAL.has(job.status) ? "skipped" : "pending", started: null, ended: null };
+      continue;
+    }
+    const next = order[index + 1];
+    const ended = next ? starts.get(next) : finished;
+    let state = "done";
+    if (!next) {
+      if (job.status === "running") state = "running";
+      else if (job.status === "failed") state = (job.error?.stage || current) === stage ? "failed" : "done";
+      else if (job.status === "canceled") state = "canceled";
+    }
+    if (job.status === "failed" && job.error?.stage === stage) state = "failed";
+    timeline[stage] = { state, started: starts.get(stage), ended };
+  }
+  return timeline;
+}
+
+export function renderJob(root, id, navigate) {
+  let job = null;
+  let stop = null;
+  let ticker = null;
+  let report = null;
+  const header = h("div", { class: "job-header" });
+  const progress = h("ol", { class: "stages", id: "stages" });
+  const cancel = h("button", { type: "button", class: "danger", id: "cancel" }, "Cancel");
+  const notice = h("div", { class: "notice", hidden: true });
+  const outcome = h("div", { id: "outcome" });
+  fill(root, header, card("Progress", progress, h("div", { class: "actions" }, cancel), notice), outcome);
+
+  cancel.addEventListener("click", async () => {
+    cancel.disabled = true;
+    cancel.textContent = "Canceling…";
+    try {
+      const answer = await cancelJob(id);
+      if (TERMINAL.has(answer.status)) finish(answer);
+    } catch (error) {
+      cancel.disabled = false;
+      cancel.textContent = "Cancel";
+      showNotice(error);
+    }
+  });
+
+  function showNotice(error) {
+    notice.hidden = false;
+    const body = error instanceof ApiError ? error.body : { code: "internal_error", message: String(error) };
+    fill(notice, h("code", {}, body.code), " ", body.message);
+  }
+
+  function renderHeader() {
+    const o = job.options;
+    const facts = [
+      `created ${formatTime(job.created_at)}`,
+      o.strict === true ? "strict" : o.strict === "auto" ? "strict, then non-strict" : "non-strict",
+      `decomposition: ${o.decomposition.mode}`,
+      o.dynamic_shapes ? "dynamic shapes given" : "static shapes",
+      o.verify.enabled ? "verified" : "not verified",
+      o.device,
+    ];
+    fill(header, 
+      h("h1", {}, "Export ", h("code", { class: "job-id" }, id), " ", badge(job.status)),
+      h("p", { class: "muted" }, facts.join(" · "), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
+    );
+  }
+
+  function renderProgress() {
+    const timeline = stageTimeline(job);
+    const now = Date.now();
+    const durations = new Map((report?.stages || []).map((s) => [s.name, s.duration_s]));
+    fill(progress, ...STAGES.map((stage) => {
+      const t = timeline[stage];
+      const seconds = durations.has(stage) ? durations.get(stage) : t.started ? ((t.ended ?? now) - t.started) / 1000 : null;
+      const last = [...(job.stages || [])].reverse().find((e) => e.stage === stage && e.message);
+      return h("li", { class: `stage stage-${t.state}`, "data-stage": stage, "data-state": t.state },
+        h("span", { class: "dot", "aria-hidden": "true" }),
+        h("span", { class: "name" }, stage),
+        h("span", { class: "elapsed" }, t.state === "pending" || t.state === "skipped" ? (t.state === "skipped" ? "skipped" : "") : formatSeconds(seconds)),
+        h("span", { class: "what muted" }, t.state === "running" && last?.message ? last.message : STAGE_HELP[stage]));
+    }));
+    const queued = job.status === "queued";
+    if (queued) progress.prepend(h("li", { class: "stage stage-running", "data-stage": "queued" }, h("span", { class: "dot" }), h("span", { class: "name" }, "queued"), h("span", { class: "elapsed" }, formatSeconds((now - Date.parse(job.created_at)) / 1000)), h("span", { class: "what muted" }, "waiting for a worker")));
+    cancel.hidden = TERMINAL.has(job.status);
+  }
+
+  async function finish(final) {
+    job = final;
+    if (stop) stop();
+    clearInterval(ticker);
+    renderHeader();
+    renderProgress();
+    fill(outcome, h("p", { class: "muted" }, "Loading the report…"));
+    report = null;
+    const names = new Set((job.artifacts || []).map((a) => a.name));
+    try {
+      report = names.has("report.json") ? await getArtifactJson(id, "report.json") : null;
+    } catch (error) {
+      showNotice(error);
+    }
+    renderProgress();
+    if (job.status === "succeeded") {
+      const [graph, signature] = await Promise.all([
+        names.has("graph.json") ? getArtifactJson(id, "graph.json") : null,
+        names.has("signature.json") ? getArtifactJson(id, "signature.json") : null,
+      ]);
+      renderResult(outcome, job, { report, graph, signature }, navigate);
+    } else if (job.status === "canceled") {
+      fill(outcome, card("Canceled", h("p", { "data-code": "canceled" }, "This export was canceled; nothing was produced."), againButton(job, navigate)));
+    } else {
+      renderFailure(outcome, job, report, navigate);
+    }
+  }
+
+  getJob(id).then((first) => {
+    job = first;
+    renderHeader();
+    renderProgress();
+    if (TERMINAL.has(job.status)) {
+      finish(job);
+      return;
+    }
+    ticker = setInterval(renderProgress, 250);
+    stop = followJob(id, {
+      onStage(event) {
+        if (job.stages.some((e) => e.at === event.at && e.status === event.status && e.stage === event.stage)) return;
+        job.stages.push(event);
+        if (event.stage) job.stage = event.stage;
+        if (event.status === "running" || event.status === "started" || event.status === "progress") job.status = "running";
+        renderHeader();
+        renderProgress();
+      },
+      onJob: finish,
+      onError: showNotice,
+    });
+  }).catch((error) => {
+    fill(root, card("Job not available", h("p", { "data-code": error.body?.code }, h("code", {}, error.body?.code || "error"), " ", error.message)));
+  });
+
+  return () => {
+    if (stop) stop();
+    clearInterval(ticker);
+  };
+}
+
+/** Open the upload form with this job's options (and this tab's files, when it uploaded them). */
+export function startAgain(job, navigate, changes = {}) {
+  const same = uploads.files.get(job.id);
+  uploads.draft = {
+    ...(same || {}),
+    options: { ...job.options, ...changes.options },
+    inputs_meta: changes.inputs_meta,
+  };
+  navigate("#/");
+}
+
+export function againButton(job, navigate, changes = {}, label = "Change options and export again") {
+  const button = h("button", { type: "button", class: "secondary" }, label);
+  button.addEventListener("click", () => startAgain(job, navigate, changes));
+  return button;
+}

@@ -1,0 +1,175 @@
+// A succeeded job: summary, downloads, graph, op histogram, signature, verification,
+// decomposition, and an editor to export again with dynamic shapes.
+import { h, fill, card, table, formatShape, formatBytes, formatError, formatSeconds } from "./dom.js";
+import { downloadArtifact, saveJson } from "./api.js";
+import { dimensionEditor } from "./dynamic_shapes.js";
+import { toModelExplorer } from "./model_explorer.js";
+import { renderGraph } from "./graph_view.js";
+import { startAgain } from "./job.js";
+
+const ARTIFACT_HELP = {
+  "program.pt2": "the exported program: torch.export.load(path)",
+  "graph.json": "nodes, shapes, source lines, op histogram",
+  "signature.json": "inputs, outputs, ranges, the dynamic-shapes spec used",
+  "report.json": "stages, tracing attempts, verification, decomposition",
+};
+
+export function renderResult(root, job, { report, graph, signature }, navigate) {
+  const nonCore = new Set(report?.decomposition?.non_core_aten_ops || []);
+  const sections = [
+    summary(job, report, graph, signature),
+    downloads(job, graph),
+    graph ? graphCard(graph, nonCore) : null,
+    graph ? histogram(graph.op_histogram, nonCore) : null,
+    signature ? signatureCard(signature) : null,
+    report?.verification ? verificationCard(report.verification) : null,
+    report?.decomposition ? decompositionCard(report.decomposition) : null,
+    signature ? reexportCard(job, signature, navigate) : null,
+    report?.warnings?.length ? warningsCard(report.warnings) : null,
+  ];
+  fill(root, ...sections.filter(Boolean));
+}
+
+function summary(job, report, graph, signature) {
+  const ops = graph ? Object.values(graph.op_histogram).reduce((a, b) => a + b, 0) : null;
+  const model = report?.model;
+  const userInputs = (signature?.inputs || []).filter((i) => i.kind === "user_input");
+  const userOutputs = (signature?.outputs || []).filter((o) => o.kind === "user_output");
+  const ranges = signature?.range_constraints || graph?.range_constraints || [];
+  const fixes = report?.tracing?.dynamic_shapes?.fixes || [];
+  const stat = (label, value, key) => h("div", { class: "stat", "data-stat": key }, h("div", { class: "value" }, value), h("div", { class: "label" }, label));
+  return card("Summary",
+    h("p", { class: "success-line", "data-code": "succeeded" }, "✓ Exported", report?.verification?.passed ? ", verified against eager PyTorch" : "", report ? ` in ${formatSeconds(report.duration_s)}` : "", "."),
+    h("div", { class: "stats" },
+      stat("op calls", ops ?? "—", "ops"),
+      stat("distinct ops", graph ? Object.keys(graph.op_histogram).length : "—", "distinct-ops"),
+      stat("parameters", model ? model.parameter_count.toLocaleString() : "—", "parameters"),
+      stat("buffers", model ? model.buffer_count.toLocaleString() : "—", "buffers"),
+      stat("tracing", report?.tracing?.strict_used ? "strict" : "non-strict", "tracing")),
+    h("div", { class: "two-col" },
+      h("div", {}, h("h3", {}, "Inputs"), ioList(userInputs.map((i) => ({ name: i.pytree_path ? `${i.name} (${i.pytree_path})` : i.name, shape: i.shape, dtype: i.dtype, value: i.value })))),
+      h("div", {}, h("h3", {}, "Outputs"), ioList(userOutputs.map((o) => ({ name: o.pytree_path || o.name, shape: o.shape, dtype: o.dtype }))))),
+    h("h3", {}, "Symbolic sizes"),
+    ranges.length
+      ? h("ul", { class: "ranges" }, ranges.map((r) => h("li", { "data-symbol": r.symbol }, h("code", {}, r.symbol), ` ∈ [${r.min ?? 0}, ${r.max ?? "∞"}]`)))
+      : h("p", { class: "muted" }, "None: every size is fixed to the example's. Use the dynamic-shapes editor below to allow others."),
+    fixes.length
+      ? h("div", {}, h("h3", {}, "Dynamic-shape fixes torch suggested (applied)"), h("ul", {}, fixes.map((f) => h("li", {}, h("code", {}, f.text)))))
+      : null);
+}
+
+function ioList(items) {
+  if (!items.length) return h("p", { class: "muted" }, "none");
+  return h("ul", { class: "io" }, items.map((i) => h("li", {}, h("code", {}, i.name), " ", h("span", { class: "shape" }, i.shape ? formatShape(i.shape) : i.value !== undefined && i.value !== null ? `= ${JSON.stringify(i.value)}` : ""), " ", h("span", { class: "muted" }, i.dtype || ""))));
+}
+
+function downloads(job, graph) {
+  const buttons = (job.artifacts || []).map((a) => {
+    const button = h("button", { type: "button", class: "download", "data-artifact": a.name },
+      h("strong", {}, a.name), h("span", { class: "muted" }, ` ${formatBytes(a.size)}`), h("br"), h("small", { class: "muted" }, ARTIFACT_HELP[a.name] || a.media_type));
+    button.addEventListener("click", () => downloadArtifact(job.id, a.name));
+    return button;
+  });
+  if (graph) {
+    const me = h("button", { type: "button", class: "download", "data-artifact": "model-explorer.json" },
+      h("strong", {}, "model-explorer.json"), h("br"), h("small", { class: "muted" }, "the graph for Google AI Edge Model Explorer"));
+    me.addEventListener("click", () => saveJson(toModelExplorer(graph, `torchport ${job.id}`), `${job.id}.model-explorer.json`));
+    buttons.push(me);
+  }
+  return card("Downloads", h("div", { class: "downloads" }, buttons),
+    h("p", { class: "muted small" }, "Load the program with ", h("code", {}, 'ep = torch.export.load("program.pt2"); ep.module()(*inputs)'),
+      ". Open the Model Explorer file with ", h("code", {}, "model-explorer model-explorer.json"), " or its web app's upload."));
+}
+
+function graphCard(graph, nonCore) {
+  const host = h("div", { class: "graph-host" });
+  const body = card("Graph", host);
+  // Cytoscape needs the element in the document to measure it.
+  requestAnimationFrame(() => renderGraph(host, graph, { nonCore }));
+  return body;
+}
+
+function histogram(counts, nonCore) {
+  const entries = Object.entries(counts).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  const max = Math.max(1, ...entries.map(([, n]) => n));
+  return card("Op histogram",
+    h("div", { class: "histogram", role: "list" }, entries.map(([op, n]) =>
+      h("div", { class: `bar-row${nonCore.has(op) ? " non-core" : ""}`, role: "listitem", "data-op": op, title: nonCore.has(op) ? "outside the core ATen operator set" : "" },
+        h("code", { class: "bar-label" }, op),
+        h("span", { class: "bar", style: `width: ${(100 * n) / max}%` }),
+        h("span", { class: "bar-count" }, String(n))))),
+    nonCore.size ? h("p", { class: "muted small" }, h("span", { class: "swatch non-core" }), " outside the core ATen set (kept by request or because decomposing them failed)") : null);
+}
+
+function signatureCard(signature) {
+  return card("Signature",
+    h("h3", {}, "Inputs"),
+    table(["kind", "name", "target / path", "shape", "dtype"], signature.inputs.map((i) =>
+      h("tr", { "data-kind": i.kind }, h("td", {}, i.kind), h("td", {}, h("code", {}, i.name)), h("td", {}, i.target || i.pytree_path || ""),
+        h("td", { class: "shape" }, i.shape ? formatShape(i.shape) : i.value !== null && i.value !== undefined ? `= ${JSON.stringify(i.value)}` : "—"), h("td", {}, i.dtype || "")))),
+    h("h3", {}, "Outputs"),
+    table(["kind", "name", "target / path", "shape", "dtype"], signature.outputs.map((o) =>
+      h("tr", { "data-kind": o.kind }, h("td", {}, o.kind), h("td", {}, h("code", {}, o.name)), h("td", {}, o.target || o.pytree_path || ""), h("td", { class: "shape" }, formatShape(o.shape)), h("td", {}, o.dtype || "")))),
+    signature.dynamic_shapes ? h("details", {}, h("summary", {}, "Dynamic-shapes spec used"), h("pre", {}, JSON.stringify(signature.dynamic_shapes, null, 1))) : null);
+}
+
+function verificationCard(v) {
+  const rows = [];
+  for (const sample of v.samples || []) {
+    const symbols = Object.entries(sample.symbols || {}).map(([k, n]) => `${k}=${n}`).join(", ");
+    const outputs = sample.outputs || [];
+    if (!outputs.length) {
+      rows.push(h("tr", { class: `verdict-${sample.status}`, "data-sample": sample.label }, h("td", {}, sample.label), h("td", {}, symbols), h("td", { colspan: 5 }, sample.reason || ""), h("td", {}, verdict(sample.status))));
+    }
+    outputs.forEach((o, i) => rows.push(h("tr", { class: o.passed ? "verdict-passed" : "verdict-failed", "data-sample": sample.label, "data-output": o.path },
+      h("td", {}, i === 0 ? sample.label : ""), h("td", {}, i === 0 ? symbols || "example sizes" : ""),
+      h("td", {}, h("code", {}, o.path || "(the output)")), h("td", { class: "shape" }, formatShape(o.shape)),
+      h("td", { class: "num" }, formatError(o.max_abs_error)), h("td", { class: "num" }, formatError(o.max_rel_error)),
+      h("td", { class: "num muted" }, o.atol !== null && o.atol !== undefined ? `${o.atol} / ${o.rtol}` : ""),
+      h("td", {}, verdict(o.passed ? "passed" : "failed"), o.message ? h("div", { class: "small" }, o.message) : null))));
+  }
+  const rt = v.roundtrip;
+  return card("Verification",
+    h("p", { class: "muted" }, "Each sample runs the exported program and the original eager model on the same inputs; dynamic sizes are drawn at their min, their max and in between."),
+    table(["sample", "sizes", "output", "shape", "max abs error", "max rel error", "atol / rtol", "result"], rows, { class: "verification" }),
+    rt ? h("p", { "data-roundtrip": rt.status }, h("strong", {}, "Save → load round trip: "), verdict(rt.status), rt.bitwise_equal ? " outputs bitwise equal" : "", rt.reason ? ` (${rt.reason})` : "") : null);
+}
+
+function verdict(status) {
+  const ok = status === "passed";
+  const skipped = status === "skipped";
+  return h("span", { class: `verdict ${ok ? "pass" : skipped ? "skip" : "fail"}` }, ok ? "✓ pass" : skipped ? "skipped" : "✗ fail");
+}
+
+function decompositionCard(d) {
+  const nonCore = new Set(d.non_core_aten_ops || []);
+  const ops = [...new Set([...Object.keys(d.ops_before || {}), ...Object.keys(d.ops_after || {})])].sort();
+  const rows = ops.map((op) => h("tr", { class: nonCore.has(op) ? "non-core" : "", "data-op": op },
+    h("td", {}, h("code", {}, op)), h("td", { class: "num" }, String(d.ops_before?.[op] ?? "")), h("td", { class: "num" }, String(d.ops_after?.[op] ?? "")),
+    h("td", {}, nonCore.has(op) ? "outside core ATen" : d.removed_ops?.includes(op) ? "decomposed" : d.added_ops?.includes(op) ? "introduced" : "")));
+  return card("Decomposition",
+    h("p", {}, `Mode `, h("code", {}, d.mode), d.preserve?.length ? ["; kept as requested: ", d.preserve.map((p) => h("code", {}, p))] : "", "."),
+    nonCore.size
+      ? h("p", { class: "warn-line" }, `${nonCore.size} op${nonCore.size > 1 ? "s" : ""} outside the core ATen set: a backend that only implements core ATen will not run this program as is.`)
+      : h("p", { class: "ok-line" }, "Every op is in the core ATen set."),
+    d.kept_after_failure?.length ? h("p", { class: "warn-line" }, "Kept undecomposed because decomposing them failed: ", d.kept_after_failure.map((p) => h("code", {}, p, " "))) : null,
+    table(["op", "before", "after", ""], rows, { class: "decomposition" }));
+}
+
+function reexportCard(job, signature, navigate) {
+  const inputs = signature.inputs.filter((i) => i.kind === "user_input" && i.shape).map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype }));
+  if (!inputs.length) return null;
+  const preview = h("pre", { id: "reexport-spec" }, signature.dynamic_shapes ? JSON.stringify(signature.dynamic_shapes) : "null");
+  let spec = signature.dynamic_shapes || null;
+  const editor = dimensionEditor(inputs, (value) => {
+    spec = value;
+    preview.textContent = JSON.stringify(value);
+  }, signature.dynamic_shapes);
+  const again = h("button", { type: "button", class: "secondary", id: "reexport" }, "Export again with these dynamic shapes");
+  again.addEventListener("click", () => startAgain(job, navigate, { options: { dynamic_shapes: spec }, inputs_meta: inputs }));
+  return card("Dynamic shapes", h("p", { class: "muted" }, "The example inputs as this export saw them. Tick the sizes that may change; inputs that must have equal sizes share a name."), editor, preview, h("div", { class: "actions" }, again));
+}
+
+function warningsCard(warnings) {
+  return card("Warnings", h("ul", {}, warnings.map((w) => h("li", { "data-code": w.code }, h("code", {}, w.code), " ", w.message))));
+}

@@ -1,0 +1,306 @@
+// The upload form: model, optional inputs and weights, the common options, dynamic shapes.
+import { h, fill, card, formatBytes } from "./dom.js";
+import { submitExport, ApiError } from "./api.js";
+import { checkDynamicShapes, dimensionEditor } from "./dynamic_shapes.js";
+import { uploads, rememberSource } from "./session.js";
+
+const KINDS = {
+  model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, or a .zip of a package." },
+  inputs: { label: "Example inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional; replaces `example_args`. .safetensors (args.0, kwargs.mask…), .pt or a .json spec." },
+  weights: { label: "Weights", accept: [".safetensors", ".pt"], help: "Optional state dict, loaded with strict=True before export." },
+};
+
+function limits() {
+  const meta = document.querySelector('meta[name="torchport-limits"]');
+  try {
+    return JSON.parse(meta?.content || "{}");
+  } catch {
+    return {};
+  }
+}
+
+function extensionOf(name) {
+  const match = /\.[^.]+$/.exec(name.toLowerCase());
+  return match ? match[0] : "";
+}
+
+/** Which field a dropped file belongs to, by its extension (ambiguous .pt goes to weights if inputs is taken). */
+function fieldFor(file, files) {
+  const ext = extensionOf(file.name);
+  if (ext === ".py" || ext === ".zip") return "model";
+  if (ext === ".json") return "inputs";
+  if (ext === ".safetensors" || ext === ".pt") return files.inputs || /weight|state|ckpt|checkpoint/i.test(file.name) ? "weights" : "inputs";
+  return null;
+}
+
+export function renderUpload(root, navigate) {
+  const draft = uploads.draft || {};
+  uploads.draft = null;
+  const options = draft.options || {};
+  const files = { model: draft.model || null, inputs: draft.inputs || null, weights: draft.weights || null };
+  const zones = {};
+  const errors = h("ul", { class: "form-errors", id: "form-errors", hidden: true });
+
+  for (const kind of Object.keys(KINDS)) zones[kind] = dropZone(kind, files, () => refresh());
+
+  const entry = h("input", { type: "text", name: "entry", placeholder: "pkg/net.py", value: options.entry || "" });
+  const entryRow = h("label", { class: "field", hidden: true }, "Entry file inside the zip", entry);
+  const symbol = h("input", { type: "text", name: "symbol", value: options.symbol || "model" });
+
+  const strict = select("strict", [["false", "non-strict (default: runs your Python, traces tensor ops)"], ["true", "strict (TorchDynamo; stricter about Python features)"], ["auto", "auto (strict, then non-strict)"]], String(options.strict ?? "false"));
+  const mode = select("decomposition", [["core_aten", "core ATen (default)"], ["none", "none: keep the ops as traced"], ["custom", "custom: decompose only the listed ops"]], options.decomposition?.mode || "core_aten");
+  const preserve = h("textarea", { name: "preserve", rows: 2, placeholder: "aten.conv2d.default\naten.layer_norm.default", spellcheck: "false" }, (options.decomposition?.preserve || []).join("\n"));
+  const decompose = h("textarea", { name: "decompose", rows: 2, placeholder: "aten.linear.default", spellcheck: "false" }, (options.decomposition?.decompose || []).join("\n"));
+  const preserveRow = h("label", { class: "field" }, "Keep these ops (one per line)", preserve);
+  const decomposeRow = h("label", { class: "field", hidden: true }, "Decompose only these ops (one per line)", decompose);
+  const device = select("device", [["cpu", "cpu"], ["cuda", "cuda (GPU workers)"]], options.device || "cpu");
+  const verify = h("input", { type: "checkbox", name: "verify", checked: options.verify?.enabled !== false });
+  const atol = h("input", { type: "number", name: "atol", step: "any", min: 0, placeholder: "by dtype (float32: 1e-5)", value: options.verify?.atol ?? "" });
+  const rtol = h("input", { type: "number", name: "rtol", step: "any", min: 0, placeholder: "by dtype (float32: 1.3e-6)", value: options.verify?.rtol ?? "" });
+  const samples = h("input", { type: "number", name: "samples", min: 0, max: 64, step: 1, value: options.verify?.samples ?? 3 });
+  const roundtrip = h("input", { type: "checkbox", name: "roundtrip", checked: options.verify?.roundtrip !== false });
+  const verifyFields = h("div", { class: "row" },
+    h("label", { class: "field" }, "atol", atol), h("label", { class: "field" }, "rtol", rtol),
+    h("label", { class: "field" }, "extra samples in the dynamic ranges", samples),
+    h("label", { class: "check" }, roundtrip, " save → load round trip"));
+
+  const shapesText = h("textarea", { name: "dynamic_shapes", id: "dynamic-shapes", rows: 5, spellcheck: "false", placeholder: '{"x": {"0": {"name": "batch", "min": 1, "max": 64}}, "y": {"0": "batch"}}' },
+    options.dynamic_shapes ? JSON.stringify(options.dynamic_shapes, null, 1) : "");
+  const autoFix = h("input", { type: "checkbox", name: "auto_fix", id: "auto-fix", checked: options.auto_fix_dynamic_shapes !== false });
+  const shapesStatus = h("div", { class: "inline-status", id: "dynamic-shapes-status" });
+  const editorHost = h("div", { class: "editor-host" });
+  if (draft.inputs_meta?.length) {
+    editorHost.append(
+      h("p", { class: "muted" }, "The example inputs of the earlier job; tick the dimensions that may change:"),
+      dimensionEditor(draft.inputs_meta, (spec) => {
+        shapesText.value = spec ? JSON.stringify(spec, null, 1) : "";
+        checkShapes();
+      }, options.dynamic_shapes),
+    );
+  }
+
+  function checkShapes() {
+    const { errors: problems } = checkDynamicShapes(shapesText.value);
+    shapesText.classList.toggle("invalid", problems.length > 0);
+    if (!shapesText.value.trim()) {
+      fill(shapesStatus, h("span", { class: "muted" }, "Empty: all sizes static, or the module's own `dynamic_shapes`."));
+    } else if (problems.length) {
+      fill(shapesStatus, ...problems.map((p) => h("div", { class: "error-line", "data-code": "invalid_request" }, p.path ? `${p.path}: ${p.message}` : p.message)));
+    } else {
+      fill(shapesStatus, h("span", { class: "ok-line", "data-valid": "true" }, "✓ valid dynamic-shapes JSON"));
+    }
+    return problems;
+  }
+  shapesText.addEventListener("input", checkShapes);
+  checkShapes();
+
+  function refresh() {
+    const isZip = files.model && extensionOf(files.model.name) === ".zip";
+    entryRow.hidden = !isZip;
+    decomposeRow.hidden = mode.value !== "custom";
+    preserveRow.hidden = mode.value === "none";
+    verifyFields.hidden = !verify.checked;
+  }
+  mode.addEventListener("change", refresh);
+  verify.addEventListener("change", refresh);
+  refresh();
+
+  const submit = h("button", { type: "submit", class: "primary", id: "submit" }, "Export");
+  const form = h("form", { id: "upload-form", novalidate: true },
+    h("div", { class: "intro" },
+      h("h1", {}, "Export a PyTorch model"),
+      h("p", {}, "Drop your model file; torchport runs ", h("code", {}, "torch.export"), " on it in a sandbox, checks the result against eager PyTorch and gives you the ",
+        h("code", {}, ".pt2"), " program with its graph. Nothing here is sent anywhere but this server.")),
+    card("Files", h("div", { class: "zones" }, zones.model, zones.inputs, zones.weights), entryRow,
+      h("details", {}, h("summary", {}, "Module attribute"), h("label", { class: "field" }, "Name of the model in the file", symbol))),
+    card("Options",
+      h("div", { class: "grid" },
+        h("label", { class: "field" }, "Tracing", strict),
+        h("label", { class: "field" }, "Device", device),
+        h("label", { class: "field" }, "Decomposition", mode)),
+      preserveRow, decomposeRow,
+      h("label", { class: "check" }, verify, " verify the exported program against eager PyTorch"),
+      verifyFields),
+    card("Dynamic shapes",
+      h("p", { class: "muted" }, "Which input sizes may change at run time. Give a dimension a name with a range where it is declared, and use the same name where another input has the same size. ",
+        h("a", { href: "#/help/dynamic-shapes" }, "Grammar")),
+      editorHost, shapesText, shapesStatus,
+      h("label", { class: "check" }, autoFix, " when the code needs different shapes, apply torch's suggested fixes and retry (the report lists them)")),
+    errors,
+    h("div", { class: "actions" }, submit));
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const problems = validate();
+    fillErrors(errors, problems);
+    if (problems.length) return;
+    submit.disabled = true;
+    submit.textContent = "Uploading…";
+    try {
+      const body = buildOptions();
+      const job = await submitExport({ model: files.model, inputs: files.inputs, weights: files.weights, options: body });
+      uploads.files.set(job.id, { model: files.model, inputs: files.inputs, weights: files.weights });
+      await rememberSource(job.id, files.model);
+      navigate(`#/jobs/${job.id}`);
+    } catch (error) {
+      const body = error instanceof ApiError ? error.body : { code: "internal_error", message: String(error) };
+      fillErrors(errors, [{ code: body.code, message: body.message, hint: body.hint }]);
+    } finally {
+      submit.disabled = false;
+      submit.textContent = "Export";
+    }
+  });
+
+  // Files dropped anywhere on the page go to the field their extension says.
+  form.addEventListener("dragover", (event) => event.preventDefault());
+  form.addEventListener("drop", (event) => {
+    if (event.defaultPrevented) return;
+    event.preventDefault();
+    for (const file of event.dataTransfer.files) {
+      const kind = fieldFor(file, files);
+      if (kind) zones[kind].setFile(file);
+    }
+  });
+
+  function buildOptions() {
+    const body = {};
+    if (symbol.value.trim() && symbol.value.trim() !== "model") body.symbol = symbol.value.trim();
+    if (!entryRow.hidden && entry.value.trim()) body.entry = entry.value.trim();
+    if (strict.value !== "false") body.strict = strict.value === "auto" ? "auto" : true;
+    const lines = (area) => area.value.split(/[\n,]/).map((s) => s.trim()).filter(Boolean);
+    const decomposition = { mode: mode.value };
+    if (mode.value !== "none" && lines(preserve).length) decomposition.preserve = lines(preserve);
+    if (mode.value === "custom") decomposition.decompose = lines(decompose);
+    if (mode.value !== "core_aten" || decomposition.preserve) body.decomposition = decomposition;
+    if (device.value !== "cpu") body.device = device.value;
+    const v = { enabled: verify.checked };
+    if (verify.checked) {
+      if (atol.value !== "") v.atol = Number(atol.value);
+      if (rtol.value !== "") v.rtol = Number(rtol.value);
+      v.samples = Number(samples.value || 0);
+      v.roundtrip = roundtrip.checked;
+    }
+    body.verify = v;
+    const shapes = checkDynamicShapes(shapesText.value).value;
+    if (shapes !== null) body.dynamic_shapes = shapes;
+    if (!autoFix.checked) body.auto_fix_dynamic_shapes = false;
+    return body;
+  }
+
+  function validate() {
+    const problems = [];
+    const max = limits();
+    if (!files.model) problems.push({ field: "model", code: "invalid_request", message: "Choose a model file (.py or .zip)." });
+    for (const [kind, spec] of Object.entries(KINDS)) {
+      const file = files[kind];
+      if (!file) continue;
+      if (!spec.accept.includes(extensionOf(file.name))) {
+        problems.push({ field: kind, code: "invalid_request", message: `${spec.label}: ${file.name} is not ${spec.accept.join(", ")}.` });
+      }
+      if (max[kind] && file.size > max[kind]) {
+        problems.push({ field: kind, code: "upload_too_large", message: `${spec.label}: ${file.name} is ${formatBytes(file.size)}, over this server's limit of ${formatBytes(max[kind])}.` });
+      }
+      if (file.size === 0) problems.push({ field: kind, code: "invalid_request", message: `${spec.label}: ${file.name} is empty.` });
+    }
+    if (files.inputs && extensionOf(files.inputs.name) === ".json" && zones.inputs.jsonError) {
+      problems.push({ field: "inputs", code: "invalid_request", message: `Example inputs: ${files.inputs.name} is not valid JSON (${zones.inputs.jsonError}).` });
+    }
+    if (!entryRow.hidden && !entry.value.trim()) {
+      problems.push({ field: "entry", code: "invalid_request", message: "A zip needs the entry file inside it, e.g. pkg/net.py." });
+    }
+    for (const p of checkDynamicShapes(shapesText.value).errors) {
+      problems.push({ field: "dynamic_shapes", code: "invalid_request", message: `Dynamic shapes${p.path ? ` at ${p.path}` : ""}: ${p.message}` });
+    }
+    if (verify.checked) {
+      const n = Number(samples.value || 0);
+      if (!Number.isInteger(n) || n < 0 || n > 64) problems.push({ field: "samples", code: "invalid_request", message: "Samples must be a whole number from 0 to 64." });
+      for (const [name, el] of [["atol", atol], ["rtol", rtol]]) {
+        if (el.value !== "" && !(Number(el.value) >= 0)) problems.push({ field: name, code: "invalid_request", message: `${name} must be a number ≥ 0.` });
+      }
+    }
+    if (mode.value === "custom" && !decompose.value.trim()) {
+      problems.push({ field: "decompose", code: "invalid_request", message: "Custom decomposition needs at least one op to decompose." });
+    }
+    return problems;
+  }
+
+  fill(root, form);
+}
+
+function fillErrors(list, problems) {
+  list.hidden = problems.length === 0;
+  fill(list, ...problems.map((p) => h("li", { "data-code": p.code, "data-field": p.field || "" },
+    h("code", {}, p.code), " ", p.message, p.hint ? h("div", { class: "hint" }, p.hint) : null)));
+  if (problems.length) list.scrollIntoView({ block: "nearest" });
+}
+
+function select(name, choices, value) {
+  return h("select", { name }, choices.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
+}
+
+function dropZone(kind, files, onChange) {
+  const spec = KINDS[kind];
+  const input = h("input", { type: "file", name: kind, accept: spec.accept.join(","), hidden: true, "data-testid": `file-${kind}` });
+  const chosen = h("div", { class: "chosen" });
+  const zone = h("div", { class: `dropzone${spec.required ? " required" : ""}`, "data-zone": kind, tabindex: 0, role: "button" },
+    h("strong", {}, spec.label, spec.required ? "" : " (optional)"),
+    h("span", { class: "muted" }, `Drop ${spec.accept.join(" / ")} here or click to choose`),
+    h("span", { class: "help" }, spec.help), chosen, input);
+  zone.jsonError = null;
+
+  zone.setFile = async (file) => {
+    files[kind] = file;
+    zone.jsonError = null;
+    if (file && extensionOf(file.name) === ".json" && file.size < 5 * 2 ** 20) {
+      try {
+        JSON.parse(await file.text());
+      } catch (error) {
+        zone.jsonError = error.message;
+      }
+    }
+    render();
+    onChange();
+  };
+  function render() {
+    const file = files[kind];
+    zone.classList.toggle("has-file", Boolean(file));
+    if (!file) {
+      fill(chosen);
+      return;
+    }
+    const wrongType = !spec.accept.includes(extensionOf(file.name));
+    const max = limits()[kind];
+    const problem = wrongType ? `not ${spec.accept.join(", ")}` : max && file.size > max ? `over the ${formatBytes(max)} limit` : zone.jsonError ? `invalid JSON: ${zone.jsonError}` : null;
+    const remove = h("button", { type: "button", class: "small", "aria-label": `remove ${kind}` }, "✕");
+    remove.addEventListener("click", (event) => {
+      event.stopPropagation();
+      input.value = "";
+      zone.setFile(null);
+    });
+    fill(chosen, h("span", { class: "file-name" }, file.name), h("span", { class: "muted" }, ` ${formatBytes(file.size)} `),
+      problem ? h("span", { class: "error-line", "data-code": wrongType || zone.jsonError ? "invalid_request" : "upload_too_large" }, problem) : null, remove);
+  }
+  zone.addEventListener("click", (event) => {
+    if (event.target !== input && event.target.tagName !== "BUTTON") input.click();
+  });
+  zone.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" || event.key === " ") {
+      event.preventDefault();
+      input.click();
+    }
+  });
+  input.addEventListener("change", () => zone.setFile(input.files[0] || null));
+  zone.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    zone.classList.add("over");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    zone.classList.remove("over");
+    const file = event.dataTransfer.files[0];
+    if (file) zone.setFile(file);
+  });
+  render();
+  return zone;
+}

@@ -1,0 +1,281 @@
+"""The pages end to end in real Chromium against a real `torchport serve`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import MAX_MODEL_BYTES, MODELS, ROOT, Server
+
+pytestmark = pytest.mark.slow
+
+SHARED_BATCH = {"image": {"0": {"name": "batch", "min": 1, "max": 64}}, "text": {"0": "batch"}}
+EXPORTDB = "https://pytorch.org/docs/main/generated/exportdb/index.html#"
+
+
+def job_id_of(page: Any) -> str:
+    page.wait_for_url(re.compile(r"#/jobs/[^/]+$"))
+    return str(page.url.rsplit("/", 1)[1])
+
+
+def submit(page: Any, model: Path, dynamic_shapes: Any = None) -> str:
+    page.goto("/")
+    page.set_input_files("[data-testid=file-model]", str(model))
+    if dynamic_shapes is not None:
+        page.fill("#dynamic-shapes", json.dumps(dynamic_shapes))
+        assert page.get_attribute("#dynamic-shapes-status [data-valid]", "data-valid") == "true"
+    page.click("#submit")
+    return job_id_of(page)
+
+
+def test_shared_batch_exports_and_the_graph_finds_a_node(page: Any, server: Server) -> None:
+    job_id = submit(page, MODELS / "shared_batch.py", SHARED_BATCH)
+    page.wait_for_selector("[data-card=summary]", timeout=120_000)
+    for stage in ("loading", "tracing", "decomposing", "verifying", "serializing"):
+        assert page.get_attribute(f"[data-stage={stage}]", "data-state") == "done"
+
+    # Both inputs carry the same symbol for dim 0, in the declared range.
+    shapes = page.locator(
+        "[data-card=signature] tr[data-kind=user_input] td.shape"
+    ).all_text_contents()
+    symbols = {shape.strip("[]").split(",")[0] for shape in shapes}
+    assert len(shapes) == 2 and len(symbols) == 1
+    (symbol,) = symbols
+    assert not symbol.isdigit()
+    ranges = page.locator(f"[data-card=summary] li[data-symbol='{symbol}']").text_content()
+    assert ranges is not None and "[1, 64]" in ranges
+    assert page.locator("[data-card=verification] .verdict.fail").count() == 0
+    assert page.locator("[data-card=verification] .verdict.pass").count() >= 4
+
+    # Search a node: both Linear layers became addmm.
+    page.wait_for_function("document.querySelector('.graph-host')?.cy !== undefined")
+    page.fill("#graph-search", "addmm")
+    page.press("#graph-search", "Enter")
+    assert page.get_attribute("#graph-search-status", "data-matches") == "2"
+    assert page.text_content("#node-details [data-node]") in ("addmm", "addmm_1")
+    shape = page.text_content("#node-details [data-field=shape] td")
+    assert shape is not None and shape.startswith(f"[{symbol},")
+
+    # Click a node on the canvas: its source line and module path show.
+    page.fill("#graph-search", "")
+    page.locator("#graph-canvas").scroll_into_view_if_needed()
+    page.wait_for_timeout(300)  # cytoscape re-reads the canvas position after a scroll
+    point = page.evaluate(
+        """() => {
+          const host = document.querySelector('.graph-host');
+          const node = host.cy.getElementById('relu');
+          host.cy.stop(true, true);
+          host.cy.center(node);
+          const box = host.querySelector('#graph-canvas').getBoundingClientRect();
+          const p = node.renderedPosition();
+          return {x: box.left + p.x, y: box.top + p.y};
+        }"""
+    )
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_selector("#node-details [data-node=relu]")
+    source = page.text_content("#node-details [data-field=source] td")
+    graph = server.api(f"v1/exports/{job_id}/artifacts/graph.json")
+    relu_node = next(n for n in graph["graph"]["nodes"] if n["name"] == "relu")
+    where = relu_node["source"]
+    assert where["file"] == "shared_batch.py" and "self.left(image)" in where["code"]
+    assert source == f"{where['file']}:{where['line']}{where['code']}"
+    module = page.text_content("#node-details [data-field=module] td")
+    assert module is not None and "left.1" in module and "ReLU" in module
+
+    # program.pt2 downloads and is the stored artifact.
+    job = server.api(f"v1/exports/{job_id}")
+    with page.expect_download() as download_info:
+        page.click("[data-artifact='program.pt2']")
+    path = download_info.value.path()
+    sha = next(a["sha256"] for a in job["artifacts"] if a["name"] == "program.pt2")
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha
+    assert zipfile.is_zipfile(path)
+
+    # The Model Explorer graph has every node of graph.json, and edges only between them.
+    with page.expect_download() as download_info:
+        page.click("[data-artifact='model-explorer.json']")
+    explorer = json.loads(Path(download_info.value.path()).read_text())
+    main = explorer["graphs"][0]
+    ids = [node["id"] for node in main["nodes"]]
+    assert ids == [node["name"] for node in graph["graph"]["nodes"]]
+    edges = [edge for node in main["nodes"] for edge in node["incomingEdges"]]
+    assert edges and all(edge["sourceNodeId"] in ids for edge in edges)
+    relu = next(node for node in main["nodes"] if node["id"] == "relu")
+    assert relu["namespace"] == "left/1"
+    assert {"sourceNodeId": "addmm", "sourceNodeOutputId": "0", "targetNodeInputId": "0"} in relu[
+        "incomingEdges"
+    ]
+
+
+def test_a_failing_model_shows_its_code_hint_and_line(page: Any, server: Server) -> None:
+    job_id = submit(page, MODELS / "data_dependent.py")
+    page.wait_for_selector("#error-code", timeout=120_000)
+    assert page.get_attribute("#error-code", "data-code") == "data_dependent"
+    report = server.api(f"v1/exports/{job_id}/artifacts/report.json")
+    assert page.text_content("#error-hint") == "How to fix it: " + report["error"]["hint"].replace(
+        "`", ""
+    )
+    highlighted = page.locator("#source .src-line.highlight")
+    assert highlighted.count() == 1
+    assert highlighted.get_attribute("data-line") == "9"
+    assert "if y.sum() > 0:" in (highlighted.text_content() or "")
+    # Lines around it come from the file this tab uploaded.
+    assert page.locator("#source .src-line").count() > 5
+    assert page.get_attribute("[data-stage=tracing]", "data-state") == "failed"
+    links = page.locator("a[data-case]")
+    assert links.count() == len(report["error"]["exportdb"]) > 0
+    for i in range(links.count()):
+        case = links.nth(i).get_attribute("data-case")
+        assert links.nth(i).get_attribute("href") == EXPORTDB + str(case).replace("_", "-")
+    assert page.locator("tr[data-type=data_dependent]").count() >= 1
+
+
+def test_the_failure_page_opened_later_shows_the_line_from_the_report(
+    page: Any, server: Server, browser: Any
+) -> None:
+    job_id = submit(page, MODELS / "data_dependent.py")
+    page.wait_for_selector("#error-code", timeout=120_000)
+    fresh = browser.new_context(base_url=server.url).new_page()
+    try:
+        fresh.goto(f"/#/jobs/{job_id}")
+        fresh.wait_for_selector("#error-code")
+        highlighted = fresh.locator("#source .src-line.highlight")
+        assert highlighted.get_attribute("data-line") == "9"
+        assert fresh.locator("#source .src-line").count() == 1
+    finally:
+        fresh.context.close()
+
+
+def test_cancel_stops_a_running_job(page: Any, server: Server, tmp_path: Path) -> None:
+    slow = tmp_path / "slow_60.py"
+    slow.write_bytes((ROOT / "tests" / "models" / "service_slow.py").read_bytes())
+    job_id = submit(page, slow)
+    page.wait_for_selector("[data-stage=loading][data-state=running]", timeout=60_000)
+    page.click("#cancel")
+    page.wait_for_selector(".job-header [data-status=canceled]", timeout=30_000)
+    assert page.is_hidden("#cancel")
+    assert page.get_attribute("[data-card=canceled] [data-code]", "data-code") == "canceled"
+    assert server.api(f"v1/exports/{job_id}")["status"] == "canceled"
+
+
+def test_the_form_refuses_bad_input_before_submitting(
+    page: Any, server: Server, tmp_path: Path
+) -> None:
+    before = len(server.api("v1/exports?limit=100")["items"])
+    page.goto("/")
+    page.click("#submit")
+    assert page.locator("#form-errors li[data-field=model]").get_attribute("data-code") == (
+        "invalid_request"
+    )
+
+    wrong = tmp_path / "notes.txt"
+    wrong.write_text("not a model")
+    page.set_input_files("[data-testid=file-model]", str(wrong))
+    page.click("#submit")
+    assert page.locator("#form-errors li[data-field=model]").get_attribute("data-code") == (
+        "invalid_request"
+    )
+
+    big = tmp_path / "big.py"
+    big.write_text("# padding\n" * (MAX_MODEL_BYTES // 10 + 10))
+    page.set_input_files("[data-testid=file-model]", str(big))
+    page.fill("#dynamic-shapes", '{"x": {"0": "batch"}')
+    assert page.locator("#dynamic-shapes-status [data-code]").count() == 1
+    page.fill("#dynamic-shapes", '{"x": {"0": "batch"}}')
+    undeclared = page.locator("#dynamic-shapes-status [data-code]")
+    assert undeclared.count() == 1 and "batch" in (undeclared.text_content() or "")
+    page.click("#submit")
+    codes = page.locator("#form-errors li").evaluate_all(
+        "items => items.map(i => [i.dataset.field, i.dataset.code])"
+    )
+    assert ["model", "upload_too_large"] in codes
+    assert ["dynamic_shapes", "invalid_request"] in codes
+    assert len(server.api("v1/exports?limit=100")["items"]) == before
+
+
+def test_the_jobs_list_filters_by_status(page: Any, server: Server) -> None:
+    submit(page, MODELS / "data_dependent.py")
+    page.wait_for_selector("#error-code", timeout=120_000)
+    page.goto("/#/jobs")
+    page.wait_for_selector("#jobs-table")
+    page.select_option("#status-filter", "failed")
+    page.wait_for_url(re.compile(r"status=failed"))
+    page.wait_for_selector("#jobs-table")
+    statuses = page.locator("#jobs-table tr[data-job]").evaluate_all(
+        "rows => rows.map(r => r.dataset.status)"
+    )
+    failed = server.api("v1/exports?status=failed&limit=20")["items"]
+    assert statuses == ["failed"] * len(failed) and statuses
+    page.click("#jobs-table tr[data-job] a")
+    page.wait_for_selector("#error-code")
+    assert page.get_attribute("#error-code", "data-code") == failed[0]["error"]["code"]
+
+
+def test_the_dynamic_shapes_grammar_and_fixes_in_the_browser(page: Any) -> None:
+    page.goto("/")
+    checked = page.evaluate(
+        """async () => {
+          const m = await import('./web/dynamic_shapes.js');
+          const texts = [
+            '{"x": {"0": {"name": "b", "min": 1, "max": 8}}, "y": {"0": "b", "1": "2*b+1"}}',
+            '"auto"',
+            '{"x": {"0": "b"}}',
+            '{"x": {"0": {"name": "b", "min": 9, "max": 2}}}',
+            '{"x": {"0": "b c"}}',
+            '{"x": [null, 3.5]}',
+            '{"x": ',
+          ];
+          return texts.map((t) => m.checkDynamicShapes(t).errors.length);
+        }"""
+    )
+    assert checked == [0, 0, 1, 1, 1, 1, 1]
+    fixed = page.evaluate(
+        """async () => {
+          const m = await import('./web/dynamic_shapes.js');
+          return [
+            m.applySuggestedFixes(
+              {x: {"0": {name: "dx", min: 3, max: 6}}, y: {"0": {name: "dy"}}},
+              ["dy = Dim('dy', max=5)", "dx = dy + 1"]),
+            m.applySuggestedFixes({x: {"0": {name: "n"}}}, ["n = 4"]),
+            m.applySuggestedFixes(
+              {x: {"0": {name: "a"}}, y: {"0": {name: "b"}}},
+              ["_a = Dim('_a', min=1, max=8)", "a = 2*_a", "b = 2*_a + 1"]),
+            m.applySuggestedFixes({x: {"0": {name: "n"}}}, ["something torch never prints"]),
+          ];
+        }"""
+    )
+    assert fixed[0] == {"x": {"0": "dy+1"}, "y": {"0": {"name": "dy", "max": 5}}}
+    assert fixed[1] == {"x": {"0": 4}}
+    assert fixed[2] == {
+        "x": {"0": {"name": "_a", "min": 1, "max": 8, "expr": "2*_a"}},
+        "y": {"0": "2*_a+1"},
+    }
+    assert fixed[3] is None
+
+
+def test_the_bodies_of_cond_expand_in_the_graph(page: Any, server: Server) -> None:
+    job_id = submit(page, ROOT / "tests" / "models" / "doc_nested.py")
+    page.wait_for_selector("[data-card=graph]", timeout=120_000)
+    page.wait_for_function("document.querySelector('.graph-host')?.cy !== undefined")
+    graph = server.api(f"v1/exports/{job_id}/artifacts/graph.json")
+    bodies = graph["graph"]["subgraphs"]
+    assert set(bodies) == {"true_graph_0", "false_graph_0"}
+    count = "document.querySelector('.graph-host').cy.nodes().length"
+    before = page.evaluate(count)
+    assert before == len(graph["graph"]["nodes"])
+    page.fill("#graph-search", "higher_order.cond")
+    page.press("#graph-search", "Enter")
+    page.wait_for_selector("#node-details [data-node=cond]")
+    page.click("#node-details [data-subgraph=true_graph_0]")
+    # The body's nodes and one box around them join the graph.
+    assert page.evaluate(count) == before + len(bodies["true_graph_0"]["nodes"]) + 1
+    button = "#node-details [data-subgraph=true_graph_0]"
+    assert page.get_attribute(button, "data-expanded") == "true"
+    page.click("#node-details [data-subgraph=true_graph_0]")
+    assert page.evaluate(count) == before
