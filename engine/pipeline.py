@@ -374,6 +374,10 @@ def _torch_warnings(
 
 def _first_failure(checked: Any) -> dict[str, Any]:
     for sample in checked.samples:
+        if sample.status == "failed" and not any(
+            not out.passed for out in [*sample.outputs, *sample.buffers]
+        ):
+            return {"sample": sample.label, "reason": sample.reason}
         for out in [*sample.outputs, *sample.buffers]:
             if not out.passed:
                 return {

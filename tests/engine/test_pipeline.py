@@ -118,3 +118,15 @@ def test_the_same_namedtuple_output_exports_when_portable(tmp_path: Path) -> Non
     assert result.report.verification is not None
     roundtrip = result.report.verification.roundtrip
     assert roundtrip is not None and roundtrip.bitwise_equal is True
+
+
+def test_samples_the_program_itself_refuses_are_skipped_not_failed(tmp_path: Path) -> None:
+    # torch's fix `dy = Dim('dy', max=5)` reports dy in [0, 5], while the program keeps a
+    # runtime guard x.size(0) - 1 >= 2: the "min" sample lies outside that guard.
+    result = export(tmp_path, "diag_derived.py")
+    assert result.succeeded
+    assert result.report.verification is not None
+    samples = {s.label: s for s in result.report.verification.samples}
+    assert samples["min"].status == "skipped"
+    assert (samples["min"].reason or "").startswith("outside the program's guards")
+    assert samples["max"].status == "passed"
