@@ -82,9 +82,7 @@ def _direct(path: Path, out: Path) -> float:
 
 
 def _engine(path: Path, work: Path, verify: bool) -> tuple[float, float]:
-    options = ExportOptions.model_validate(
-        {"verify": {"enabled": verify}, "draft_report": False}
-    )
+    options = ExportOptions.model_validate({"verify": {"enabled": verify}, "draft_report": False})
     request = ExportRequest(
         upload=Upload(model=path), options=options, out_dir=work / "out", work_dir=work / "work"
     )
@@ -120,7 +118,7 @@ def main() -> None:
             rows.append((name, d, e, e / d - 1, v))
             print(f"{name}: direct {d:.3f}s engine {e:.3f}s", file=sys.stderr)
     print(f"torch {torch.__version__}, {args.repeats} repeats, median seconds, 1 intra-op thread\n")
-    print("| model | direct export+decompose+save | engine (verify off) | overhead | verification (separate) |")
+    print("| model | direct (s) | engine, verify off (s) | overhead | verification (s) |")
     print("| --- | --- | --- | --- | --- |")
     for name, d, e, overhead, v in rows:
         print(f"| {name} | {d:.3f} | {e:.3f} | {overhead:+.1%} | {v:.3f} |")
