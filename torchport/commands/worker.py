@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
             group.stop()
     from worker.celery_app import app, settings
 
+    # The worker needs root only to hand each job its own unprivileged uid in the
+    # sandbox; uploaded code never runs as root, so Celery's root warning misleads.
+    warnings.filterwarnings("ignore", message="You're running the worker with superuser")
     quiet = args.loglevel.upper() in ("WARNING", "ERROR", "CRITICAL")
     app.worker_main(
         [
