@@ -90,6 +90,12 @@ class WorkerContext:
                     use_bwrap=self.settings.sandbox_use_bwrap,
                     max_memory_mb=self.settings.sandbox_max_memory_mb,
                     max_timeout_s=self.settings.sandbox_max_timeout_s,
+                    allow_without_landlock=self.settings.sandbox_allow_without_landlock,
+                    # A worker consuming the gpu queue confines its CUDA jobs for the GPU.
+                    gpu="gpu" in self.settings.queue_list,
+                    cuda_visible_devices=self.settings.cuda_visible_devices,
+                    nvidia_visible_devices=self.settings.nvidia_visible_devices,
+                    gpu_library_dirs=list(self.settings.sandbox_gpu_library_dirs),
                 )
                 runner = SandboxRunner(sandbox_settings)
                 runner.start()

@@ -6,13 +6,18 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
 
 from service.settings import CommonSettings
 
 
 class WorkerSettings(CommonSettings):
     """Settings of `torchport worker` (and the workers `torchport serve` starts)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TORCHPORT_", extra="ignore", populate_by_name=True
+    )
 
     work_dir: Path | None = Field(
         default=None, description="Scratch space for running jobs; default `<data_dir>/work`."
@@ -34,6 +39,25 @@ class WorkerSettings(CommonSettings):
     )
     sandbox_max_timeout_s: float = Field(
         default=3600, gt=0, description="Upper bound on a job's `timeout_s`."
+    )
+    sandbox_allow_without_landlock: bool = Field(
+        default=False,
+        description="Run jobs on a kernel without Landlock (recorded in each report). Not "
+        "needed under gVisor, which is detected; elsewhere the worker refuses to start.",
+    )
+    sandbox_gpu_library_dirs: list[Path] = Field(
+        default_factory=list,
+        description="NVIDIA driver library dirs the loader cache lacks (GPU workers only).",
+    )
+    cuda_visible_devices: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("TORCHPORT_CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+        description="The GPU(s) this worker's CUDA jobs run on; passed to the sandbox.",
+    )
+    nvidia_visible_devices: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("TORCHPORT_NVIDIA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"),
+        description="Passed to the sandbox's CUDA jobs when set.",
     )
     max_artifact_bytes: int = Field(
         default=16 * 2**30, gt=0, description="A job output over this size fails the job."

@@ -12,9 +12,11 @@ worker process (not dumpable, has secrets)          SandboxRunner (runner.py)
 ```
 """
 
+import os
+
 from worker.sandbox.layers import HostLayers, probe
 from worker.sandbox.runner import SandboxRunner, SandboxUnavailable
-from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
+from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings, local_settings
 
 __all__ = [
     "HostLayers",
@@ -23,6 +25,7 @@ __all__ = [
     "SandboxRunner",
     "SandboxSettings",
     "SandboxUnavailable",
+    "local_settings",
     "probe",
     "run_export_sandboxed",
 ]
@@ -33,6 +36,9 @@ def run_export_sandboxed(
     settings: SandboxSettings | None = None,
     **run_kwargs: object,
 ) -> SandboxResult:
-    """Start a runner, run one job, stop the runner (the CLI's one-shot path)."""
+    """Start a runner, run one job, stop the runner (the CLI's one-shot path). Without
+    `settings`, a CUDA job gets a GPU runner pinned like this process (`local_settings`)."""
+    if settings is None:
+        settings = local_settings(job.options, os.environ)
     with SandboxRunner(settings) as runner:
         return runner.run(job, **run_kwargs)  # type: ignore[arg-type]

@@ -17,11 +17,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from worker.sandbox.gpu import GpuAccess
+
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
-def command(exe: str, binds: list[Path], *, jobs_root: Path | None, tmpfs_mb: int) -> list[str]:
-    """argv prefix: `bwrap ... --` (append the program to run)."""
+def command(
+    exe: str,
+    binds: list[Path],
+    *,
+    jobs_root: Path | None,
+    tmpfs_mb: int,
+    gpu: GpuAccess | None = None,
+) -> list[str]:
+    """argv prefix: `bwrap ... --` (append the program to run).
+
+    With `gpu` (a GPU worker), the private /dev also gets the NVIDIA device nodes
+    (`--dev-bind`), the fresh /proc the host's view of `/proc/driver/nvidia`, and the
+    driver's sysfs entries and library dirs are bound read-only; Landlock still keeps
+    all of it from the worker's CPU jobs.
+    """
     argv = [exe]
     if os.geteuid() == 0:
         argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
@@ -39,6 +54,14 @@ def command(exe: str, binds: list[Path], *, jobs_root: Path | None, tmpfs_mb: in
         elif path.is_dir():
             argv += ["--ro-bind", name, name]
     extra = ["/sys/devices/system/cpu", "/etc/ld.so.cache"]
+    binds, proc_binds = list(binds), []
+    if gpu is not None:
+        for path in gpu.read_paths:
+            if path.is_relative_to("/proc/driver"):
+                # A container runtime may mask it to the pinned GPU; keep that view.
+                proc_binds.append(str(path))
+            elif not path.is_relative_to("/proc"):  # the fresh /proc has the rest
+                binds.append(path)
     code = [str(p) for p in _unique(binds)]
     writable = [str(jobs_root)] if jobs_root is not None else []
     # bwrap creates missing parents of a bind as 0700; the job uid must traverse them.
@@ -47,6 +70,11 @@ def command(exe: str, binds: list[Path], *, jobs_root: Path | None, tmpfs_mb: in
     for bind in [*code, *extra]:
         argv += ["--ro-bind-try", bind, bind]
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    for bind in proc_binds:
+        argv += ["--ro-bind-try", bind, bind]
+    if gpu is not None:
+        for node in gpu.devices:
+            argv += ["--dev-bind-try", str(node), str(node)]
     for bind in writable:
         argv += ["--bind", bind, bind]
     argv += ["--chdir", "/", "--"]

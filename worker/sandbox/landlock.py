@@ -9,6 +9,7 @@ signal scopes (6).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import stat
@@ -84,11 +85,19 @@ def _numbers() -> tuple[int, int, int] | None:
 
 def abi_version() -> int:
     """The Landlock ABI the kernel offers; 0 when it has none (or it is disabled)."""
+    return probe()[0]
+
+
+def probe() -> tuple[int, int]:
+    """(ABI, 0), or (0, errno) when there is none: ENOSYS where the kernel lacks the
+    system calls (and under gVisor), EOPNOTSUPP where Landlock is built but disabled."""
     numbers = _numbers()
     if numbers is None:
-        return 0
+        return 0, errno.ENOSYS
     version = _libc.syscall(numbers[0], None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
-    return max(int(version), 0)
+    if version < 0:
+        return 0, ctypes.get_errno()
+    return int(version), 0
 
 
 def _handled_fs(abi: int) -> int:
@@ -102,11 +111,18 @@ def _handled_fs(abi: int) -> int:
     return rights
 
 
-def restrict(read: Iterable[Path], write: Iterable[Path], devices: Iterable[Path] = ()) -> int:
+def restrict(
+    read: Iterable[Path],
+    write: Iterable[Path],
+    devices: Iterable[Path] = (),
+    ioctl_devices: Iterable[Path] = (),
+) -> int:
     """Confine this thread (and what it later creates) to the given paths.
 
     `read` paths may be read, `write` paths read and written, `devices` (e.g.
-    /dev/null) read and written as files. Everything else in the filesystem is
+    /dev/null) read and written as files, `ioctl_devices` (a GPU's nodes) also
+    listed and ioctl'd (ABI 5+; below it the kernel does not restrict device
+    ioctls at all). Everything else in the filesystem is
     denied; on ABI 4+ TCP bind/connect are denied, on ABI 6+ abstract Unix
     sockets and signals to processes outside the domain. Paths that do not exist
     are skipped. Needs `PR_SET_NO_NEW_PRIVS` first. Returns the ABI used.
@@ -132,6 +148,7 @@ def restrict(read: Iterable[Path], write: Iterable[Path], devices: Iterable[Path
         rules = [(path, READ) for path in read]
         rules += [(path, WRITE) for path in write]
         rules += [(path, FS_READ_FILE | FS_WRITE_FILE) for path in devices]
+        rules += [(path, READ | FS_WRITE_FILE | FS_IOCTL_DEV) for path in ioctl_devices]
         for path, rights in rules:
             _add_path_rule(add_rule, ruleset, path, rights & handled)
         if _libc.syscall(restrict_self, ruleset, 0) != 0:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.sandbox import landlock, seccomp
+from worker.sandbox.gpu import GpuAccess
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -56,6 +57,8 @@ class Confinement:
     landlock: bool = True
     keep_fds: dict[int, int] = field(default_factory=dict)
     """Target fd → current fd; everything else is closed."""
+    gpu: GpuAccess | None = None
+    """A CUDA job's extra devices, paths and variables (gpu.py); None for every other job."""
 
 
 def prctl(option: int, arg: int) -> None:
@@ -71,9 +74,10 @@ def set_dumpable(flag: bool) -> None:
     prctl(PR_SET_DUMPABLE, int(flag))
 
 
-def environment(scratch: Path) -> dict[str, str]:
-    """The whole environment a job sees: nothing of the worker's."""
-    return {
+def environment(scratch: Path, gpu: GpuAccess | None = None) -> dict[str, str]:
+    """The whole environment a job sees: nothing of the worker's. A CUDA job also gets
+    the worker's configured GPU pinning and a CUDA kernel cache in its scratch dir."""
+    env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(scratch),
         "LANG": "C.UTF-8",
@@ -85,6 +89,10 @@ def environment(scratch: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
         "PYTHONHASHSEED": "0",
     }
+    if gpu is not None:
+        env.update(gpu.environment)
+        env["CUDA_CACHE_PATH"] = str(scratch / "cuda-cache")
+    return env
 
 
 def apply(conf: Confinement) -> dict[str, object]:
@@ -95,7 +103,7 @@ def apply(conf: Confinement) -> dict[str, object]:
         signal.signal(sig, signal.SIG_DFL)
     _set_limits(conf.limits)
     os.environ.clear()
-    os.environ.update(environment(conf.scratch))
+    os.environ.update(environment(conf.scratch, conf.gpu))
     import tempfile
 
     tempfile.tempdir = str(conf.scratch)
@@ -114,17 +122,36 @@ def apply(conf: Confinement) -> dict[str, object]:
     in_force["no_new_privs"] = True
     if conf.landlock:
         try:
-            devices = [Path("/dev/null"), Path("/dev/zero"), Path("/dev/urandom")]
-            reads = [*conf.read_paths, Path(f"/proc/{os.getpid()}"), Path("/proc/cpuinfo")]
-            in_force["landlock_abi"] = landlock.restrict(reads, conf.write_paths, devices)
+            in_force["landlock_abi"] = landlock.restrict(*landlock_rules(conf, os.getpid()))
         except OSError as exc:
             raise LockdownError(f"Landlock could not be installed: {exc}") from exc
     try:
-        seccomp.install(os.getpid())
+        seccomp.install(os.getpid(), gpu=conf.gpu is not None)
     except Exception as exc:
         raise LockdownError(f"seccomp could not be installed: {exc}") from exc
     in_force["seccomp"] = True
+    if conf.gpu is not None:
+        # What the child itself sees, for the report: the GPU pinning it runs with, how
+        # many device nodes it may open, and the names of its whole environment.
+        in_force["gpu"] = {
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "device_nodes": len(conf.gpu.devices),
+            "environment": sorted(os.environ),
+        }
     return in_force
+
+
+def landlock_rules(
+    conf: Confinement, pid: int
+) -> tuple[list[Path], list[Path], list[Path], list[Path]]:
+    """Landlock's (read, write, devices, ioctl devices) for a child with this pid."""
+    devices = [Path("/dev/null"), Path("/dev/zero"), Path("/dev/urandom")]
+    reads = [*conf.read_paths, Path(f"/proc/{pid}"), Path("/proc/cpuinfo")]
+    ioctl_devices: list[Path] = []
+    if conf.gpu is not None:
+        reads += conf.gpu.read_paths
+        ioctl_devices += conf.gpu.devices
+    return reads, list(conf.write_paths), devices, ioctl_devices
 
 
 def _arrange_fds(keep: dict[int, int]) -> None:

@@ -44,7 +44,8 @@ from schemas import (
     SandboxReport,
     SignatureDocument,
 )
-from worker.sandbox import bubblewrap, layers, lockdown, protocol
+from worker.sandbox import bubblewrap, gpu, layers, lockdown, protocol
+from worker.sandbox.gpu import GpuAccess
 from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
 
 ProgressCallback = Callable[[Progress], None]
@@ -72,14 +73,21 @@ class _Watch:
 class _Zygote:
     """The zygote process, its control socket and the thread that reads it."""
 
-    def __init__(self, argv: list[str], config: dict[str, Any], log: Path, timeout: float) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        config: dict[str, Any],
+        log: Path,
+        timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         with log.open("ab") as log_file:
             self.proc = subprocess.Popen(
                 [*argv, str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
-                env=_zygote_environment(),
+                env=_zygote_environment(env),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
@@ -177,6 +185,7 @@ class SandboxRunner:
         self._lock = threading.Lock()
         self._owned_root: Path | None = None
         self._counter = itertools.count()
+        self._gpu: GpuAccess | None = None
         self.work_root = self.settings.work_root
         self.restarts = 0
 
@@ -201,13 +210,26 @@ class SandboxRunner:
         warm.mkdir(exist_ok=True)
         os.chmod(warm, 0o700)
         want = self.settings.use_bwrap
+        if self.settings.gpu:
+            self._gpu = gpu.discover(
+                cuda_visible_devices=self.settings.cuda_visible_devices,
+                nvidia_visible_devices=self.settings.nvidia_visible_devices,
+                library_dirs=self.settings.gpu_library_dirs,
+            )
         self._host = layers.probe(
-            lockdown.code_paths(), self._python(), try_bwrap=want is not False
+            lockdown.code_paths(), self._python(), try_bwrap=want is not False, gpu=self._gpu
         )
         if not self._host.seccomp:
             raise SandboxUnavailable(
                 "seccomp cannot be installed here, so no job may run: "
                 + self._host.notes.get("seccomp", "")
+            )
+        if self._host.landlock_abi == 0 and self.landlock_note() is None:
+            raise SandboxUnavailable(
+                "Landlock is not available here ("
+                + self._host.notes.get("landlock", "")
+                + "), and this is not gVisor; set allow_without_landlock to run jobs "
+                "without it (recorded in every report)"
             )
         if want is True and self._host.bwrap is None:
             raise SandboxUnavailable("bubblewrap was required: " + self._host.notes["bwrap"])
@@ -267,6 +289,24 @@ class SandboxRunner:
             expected.append("bwrap")
         return expected
 
+    @property
+    def gpu_access(self) -> GpuAccess | None:
+        """What this GPU worker's CUDA jobs may use beyond a CPU job (after `start()`)."""
+        return self._gpu
+
+    def landlock_note(self) -> str | None:
+        """Why jobs run without Landlock ("unavailable (gvisor)", …); None when they may
+        not (the runner then refuses to start) or Landlock is in force."""
+        host = self._host
+        if host is None or host.landlock_abi > 0:
+            return None
+        note = host.notes.get("landlock", "unavailable")
+        if host.gvisor and note == layers.LANDLOCK_GVISOR:
+            return note
+        if self.settings.allow_without_landlock:
+            return f"{note}; allowed by allow_without_landlock"
+        return None
+
     def _python(self) -> str:
         return self.settings.python or sys.executable
 
@@ -286,6 +326,7 @@ class SandboxRunner:
                 lockdown.code_paths(),
                 jobs_root=self.jobs_root,
                 tmpfs_mb=self.settings.tmpfs_mb,
+                gpu=self._gpu,
             )
             argv = [*prefix, *argv]
         ids = self.settings.job_ids()
@@ -296,9 +337,14 @@ class SandboxRunner:
             "landlock": self._host.landlock_abi > 0,
             "warm_up": self.settings.warm_up,
             "warm_dir": str(self.jobs_root / ".warm"),
+            "gpu": self._gpu.to_json() if self._gpu is not None else None,
         }
         self._zygote = _Zygote(
-            argv, config, self.work_root / "zygote.log", self.settings.start_timeout_s
+            argv,
+            config,
+            self.work_root / "zygote.log",
+            self.settings.start_timeout_s,
+            env=self._gpu.environment if self._gpu is not None else None,
         )
 
     def _live_zygote(self) -> _Zygote:
@@ -368,19 +414,27 @@ class SandboxRunner:
                     os.chown(os.path.join(dirpath, filename), *ids)
         return spec
 
-    def _limits(self, options: ExportOptions, baseline_mb: int) -> tuple[dict[str, int], float]:
+    def _limits(
+        self, options: ExportOptions, baseline_mb: int, gpu_job: bool = False
+    ) -> tuple[dict[str, int], float]:
         timeout = min(float(options.timeout_s), self.settings.max_timeout_s)
         memory = min(options.memory_mb, self.settings.max_memory_mb)
         cpu = self.settings.cpu_s or int(timeout * (os.cpu_count() or 1)) + 10
+        margin = self.settings.gpu_data_margin_mb if gpu_job else 0
         limits = {
             # RLIMIT_DATA counts what the child inherited from the zygote, too.
-            "memory_mb": memory + baseline_mb,
+            "memory_mb": memory + baseline_mb + margin,
             "cpu_s": cpu,
             "fsize_mb": self.settings.fsize_mb,
             "nofile": self.settings.nofile,
             "nproc": self.settings.nproc,
         }
         return limits, timeout
+
+    def is_gpu_job(self, options: ExportOptions) -> bool:
+        """Whether a job gets the GPU confinement: a CUDA job on a GPU worker. A CUDA job
+        on a CPU worker keeps the CPU confinement and finds no GPU (`invalid_request`)."""
+        return self._gpu is not None and options.device == "cuda"
 
     def _run_staged(
         self,
@@ -395,8 +449,10 @@ class SandboxRunner:
     ) -> SandboxResult:
         zygote = self._live_zygote()
         baseline_mb = int(zygote.info.get("data_mb", 0))
-        limits, timeout = self._limits(options, baseline_mb)
-        memory_bytes = (options.memory_mb + int(zygote.info.get("rss_mb", 0))) << 20
+        gpu_job = self.is_gpu_job(options)
+        limits, timeout = self._limits(options, baseline_mb, gpu_job)
+        rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
+        memory_bytes = (options.memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
         watch = _Watch()
         zygote.watches[job_id] = watch
         progress_r, progress_w = os.pipe2(os.O_CLOEXEC)
@@ -413,7 +469,14 @@ class SandboxRunner:
         dirs["root"] = str(staging)
         try:
             zygote.send(
-                {"op": "run", "id": job_id, "spec": spec, "dirs": dirs, "limits": limits},
+                {
+                    "op": "run",
+                    "id": job_id,
+                    "spec": spec,
+                    "dirs": dirs,
+                    "limits": limits,
+                    "gpu": gpu_job,
+                },
                 [progress_w, output_w],
             )
         except OSError:
@@ -426,11 +489,14 @@ class SandboxRunner:
         reader.join(timeout=self.settings.kill_grace_s)
         log.close()
         error = _error_for(verdict, exit_info, watch, timeout, options.memory_mb)
-        details = {
+        details: dict[str, Any] = {
             "in_force": watch.lockdown or {},
             "exit": exit_info,
             "zygote_restarts": self.restarts,
         }
+        note = self.landlock_note()
+        if note is not None:
+            details["landlock"] = note
         return self._finish(job, staging / "out", error, log.tail(), started, details, watch)
 
     def _supervise(
@@ -668,7 +734,7 @@ class _Untrusted(ValueError):
     """A job's output failed validation."""
 
 
-_IN_FORCE = {"uid", "no_new_privs", "landlock_abi", "seccomp"}
+_IN_FORCE = {"uid", "no_new_privs", "landlock_abi", "seccomp", "gpu"}
 _REFUSAL_CODES = {"sandbox_violation", "invalid_request", "out_of_memory"}
 
 
@@ -866,12 +932,14 @@ def _outer_pid(root: int, inner: int) -> int | None:
     return None
 
 
-def _zygote_environment() -> dict[str, str]:
-    """The zygote starts with nothing of the worker's environment (no secrets)."""
+def _zygote_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The zygote starts with nothing of the worker's environment (no secrets); a GPU
+    worker's zygote also gets the GPU pinning from its settings (`GpuAccess.environment`)."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/nonexistent",
         "LANG": "C.UTF-8",
         "USER": "sandbox",
         "LOGNAME": "sandbox",
+        **(extra or {}),
     }

@@ -4,7 +4,8 @@ A deny list on top of Landlock, rlimits and (where available) bubblewrap: the
 calls below fail with EPERM, except `clone3`, which fails with ENOSYS so that
 glibc falls back to `clone`, where thread creation (CLONE_THREAD) stays allowed
 and process creation does not. Other architectures' system calls (e.g. i386
-through `int 0x80`) kill the process (libseccomp's bad-arch action).
+through `int 0x80`) kill the process (libseccomp's bad-arch action). A CUDA job on
+a GPU worker may also call `memfd_create` (`GPU_ALLOWED`); nothing else differs.
 
 `pyseccomp` locates libseccomp with `ctypes.util.find_library`, which spawns
 helper processes: import it (`prepare()`) before the child is locked down.
@@ -117,18 +118,33 @@ def prepare() -> ModuleType:
     return pyseccomp
 
 
-def install(own_pid: int) -> list[str]:
+GPU_ALLOWED: tuple[str, ...] = ("memfd_create",)
+"""Taken off the deny list for CUDA jobs only: the NVIDIA driver creates memfds while
+it initializes (CUDA error 304, "OS call failed", without them). A memfd cannot outlive
+the job here: it dies with the process's fds and mappings, no socket can pass it on,
+exec is denied, RLIMIT_FSIZE caps its size and the RSS watchdog counts its pages."""
+
+
+def denied(gpu: bool = False) -> tuple[str, ...]:
+    """The system calls that fail with EPERM in a job child (a CUDA job's when `gpu`)."""
+    if not gpu:
+        return DENIED
+    return tuple(name for name in DENIED if name not in GPU_ALLOWED)
+
+
+def install(own_pid: int, gpu: bool = False) -> list[str]:
     """Load the filter into this process; returns the system calls it could not name.
 
     Signals (`kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`) are allowed
-    only towards `own_pid`. Raises OSError when the kernel refuses the filter; the
-    caller must then refuse the job.
+    only towards `own_pid`. `gpu` allows what the CUDA driver needs (`GPU_ALLOWED`).
+    Raises OSError when the kernel refuses the filter; the caller must then refuse
+    the job.
     """
     seccomp = prepare()
     flt = seccomp.SyscallFilter(seccomp.ALLOW)
     deny = seccomp.ERRNO(errno.EPERM)
     unknown: list[str] = []
-    for name in DENIED:
+    for name in denied(gpu):
         try:
             flt.add_rule(deny, name)
         except (ValueError, OSError, RuntimeError):

@@ -7,6 +7,7 @@ settings (TORCHPORT_ prefix), so this package never reads the environment.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +51,22 @@ class SandboxSettings:
     python: str | None = None
     """Interpreter for the zygote; this one by default."""
     kill_grace_s: float = 5.0
+    allow_without_landlock: bool = False
+    """Run jobs where the kernel has no Landlock (recorded in every report). Under gVisor,
+    whose kernel has none, this is implied; elsewhere the runner refuses to start."""
+    gpu: bool = False
+    """A GPU worker: its `device: "cuda"` jobs may use the NVIDIA devices (gpu.py)."""
+    cuda_visible_devices: str | None = None
+    """CUDA_VISIBLE_DEVICES for the zygote and CUDA jobs (the worker's pinning); unset: all."""
+    nvidia_visible_devices: str | None = None
+    gpu_library_dirs: list[Path] = field(default_factory=list)
+    """Driver library dirs the loader's cache does not know (put on LD_LIBRARY_PATH);
+    those `ldconfig -p` lists are found and made readable without this."""
+    gpu_data_margin_mb: int = 8192
+    """Added to a CUDA job's RLIMIT_DATA: the driver maps large private writable areas
+    (its context, the CUDA libraries' data) that count there but are mostly never touched."""
+    gpu_rss_margin_mb: int = 2048
+    """Added to a CUDA job's RSS limit: the driver's and CUDA libraries' resident pages."""
 
     def job_ids(self) -> tuple[int, int] | None:
         """(uid, gid) jobs drop to, or None when the worker is not root."""
@@ -58,6 +75,19 @@ class SandboxSettings:
         uid = NOBODY if self.uid is None else self.uid
         gid = NOBODY if self.gid is None else self.gid
         return uid, gid
+
+
+def local_settings(options: Mapping[str, Any], environ: Mapping[str, str]) -> SandboxSettings:
+    """Settings of the one-shot path (`torchport export`, run by the user in their own
+    shell): a CUDA job gets a GPU runner pinned as that shell pins its GPUs; nothing
+    else of `environ` is used."""
+    if options.get("device") != "cuda":
+        return SandboxSettings()
+    return SandboxSettings(
+        gpu=True,
+        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES"),
+    )
 
 
 @dataclass

@@ -22,11 +22,13 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from worker.sandbox import child, protocol
+from worker.sandbox.gpu import GpuAccess
 from worker.sandbox.lockdown import Confinement, Limits, LockdownError, apply, set_dumpable
 
 MAX_ROUNDTRIPS = 4
@@ -49,6 +51,7 @@ class _Job:
     loader_out: bytes = b""
     loader_started: float = 0.0
     closed: list[int] = field(default_factory=list)
+    gpu: bool = False
 
 
 class Zygote:
@@ -59,6 +62,7 @@ class Zygote:
         self.config: dict[str, Any] = {}
         self.jobs: dict[str, _Job] = {}
         self.selector = selectors.DefaultSelector()
+        self.gpu: GpuAccess | None = None
 
     # -- start-up ---------------------------------------------------------------------
     def start(self) -> None:
@@ -66,6 +70,8 @@ class Zygote:
         if message is None or message.get("op") != "config":
             raise SystemExit(2)
         self.config = message
+        if self.config.get("gpu"):
+            self.gpu = GpuAccess.from_json(self.config["gpu"])
         started = time.perf_counter()
         from worker.sandbox import seccomp
 
@@ -84,17 +90,26 @@ class Zygote:
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
         threads_before = _thread_count()
-        import torchport  # noqa: F401  (reads its version from installed metadata once)
-        from engine import environment, pipeline, roundtrip  # noqa: F401
+        with cuda_hidden(torch):
+            import torchport  # noqa: F401  (reads its version from installed metadata once)
+            from engine import environment, pipeline, roundtrip  # noqa: F401
 
-        environment.describe("cpu")
+            environment.describe("cpu")
 
-        if self.config.get("warm_up", True):
-            warm = Path(self.config["warm_dir"])
-            pipeline.warm_up(warm)
-            _warm_full_pipeline(warm)
+            if self.config.get("warm_up", True):
+                warm = Path(self.config["warm_dir"])
+                pipeline.warm_up(warm)
+                _warm_full_pipeline(warm)
         if _thread_count() > threads_before:
             raise SystemExit("the warm-up started threads; forked children would hang")
+        cuda_initialized = bool(torch.cuda.is_initialized())
+        cuda_poisoned = _children_in_bad_fork(torch)
+        if self.gpu is not None and (cuda_initialized or cuda_poisoned):
+            raise SystemExit(
+                "the zygote touched CUDA during its warm-up "
+                f"(initialized={cuda_initialized}, fork poisoned={cuda_poisoned}); "
+                "its children could not use the GPU"
+            )
         protocol.send(
             self.ctl,
             {
@@ -105,6 +120,8 @@ class Zygote:
                 "rss_mb": _status_mb("VmRSS"),
                 "warm_s": time.perf_counter() - started,
                 "torch": torch.__version__,
+                "cuda_initialized": cuda_initialized,
+                "cuda_fork_poisoned": cuda_poisoned,
             },
         )
 
@@ -156,7 +173,7 @@ class Zygote:
 
     # -- job children -----------------------------------------------------------------
     def _confinement(
-        self, dirs: dict[str, str], limits: dict[str, int], writable: list[str]
+        self, dirs: dict[str, str], limits: dict[str, int], writable: list[str], gpu: bool
     ) -> Confinement:
         return Confinement(
             limits=Limits(**limits),
@@ -166,6 +183,7 @@ class Zygote:
             uid=self.config.get("uid"),
             gid=self.config.get("gid"),
             landlock=bool(self.config.get("landlock", True)),
+            gpu=self.gpu if gpu else None,
         )
 
     def _fork_job(self, message: dict[str, Any], progress_fd: int, output_fd: int) -> None:
@@ -173,14 +191,15 @@ class Zygote:
         dirs, limits = message["dirs"], message["limits"]
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
         ans_r, ans_w = os.pipe2(os.O_CLOEXEC)
-        conf = self._confinement(dirs, limits, [dirs["out"], dirs["tmp"]])
+        gpu = bool(message.get("gpu")) and self.gpu is not None
+        conf = self._confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu)
         conf.keep_fds = {1: output_fd, 2: output_fd, 3: progress_fd, 4: req_w, 5: ans_r}
         pid = os.fork()
         if pid == 0:
             self._become_child(conf, lambda: child.run_export_job(message["spec"]))
         os.close(req_w)
         os.close(ans_r)
-        job = _Job(job_id, pid, os.dup(output_fd), req_r, ans_w, dirs, limits)
+        job = _Job(job_id, pid, os.dup(output_fd), req_r, ans_w, dirs, limits, gpu=gpu)
         self.jobs[job_id] = job
         self.selector.register(req_r, selectors.EVENT_READ, ("request", job_id))
         protocol.send(self.ctl, {"op": "started", "id": job_id, "pid": pid})
@@ -246,7 +265,9 @@ class Zygote:
         """The second child: a fresh fork of this torch-only process loads the program."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         scratch = Path(job.dirs["tmp"]) / "loader"
-        conf = self._confinement({**job.dirs, "tmp": str(scratch)}, job.limits, [str(scratch)])
+        conf = self._confinement(
+            {**job.dirs, "tmp": str(scratch)}, job.limits, [str(scratch)], job.gpu
+        )
         conf.keep_fds = {1: job.output_fd, 2: job.output_fd, 3: out_w}
 
         def load() -> int:
@@ -391,6 +412,39 @@ def _warm_full_pipeline(warm: Path) -> None:
         ),
         roundtrip_runner=in_process,
     )
+
+
+@contextlib.contextmanager
+def cuda_hidden(torch: Any) -> Iterator[None]:
+    """Make `torch.cuda.is_available()` False (and `device_count()` 0) without asking the
+    driver, for the zygote's warm-up.
+
+    torch.export asks `is_available()` on every fake-tensor mode it enters and, in
+    `preserve_rng_state`, reads the CUDA RNG state when it says yes. The first calls
+    `cudaGetDeviceCount`, which initializes the driver and marks every later fork "bad"
+    (torch then refuses CUDA there: "Cannot re-initialize CUDA in forked subprocess");
+    the second creates a CUDA context. Either would leave no job child able to use the
+    GPU. The warm-up runs on the CPU, so the answer it sees changes nothing it caches.
+    """
+    cuda = torch.cuda
+    saved = (cuda.is_available, cuda.device_count)
+    cuda.is_available, cuda.device_count = (lambda: False), (lambda: 0)
+    try:
+        yield
+    finally:
+        cuda.is_available, cuda.device_count = saved
+
+
+def _children_in_bad_fork(torch: Any) -> bool:
+    """Whether torch would refuse CUDA in a child forked now (a throw-away fork asks)."""
+    in_bad_fork = getattr(torch._C, "_cuda_isInBadFork", None)
+    if in_bad_fork is None:  # a CPU-only build of torch
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os._exit(1 if in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def _thread_count() -> int:
