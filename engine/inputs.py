@@ -13,17 +13,21 @@ where it applies, the offending key or path.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
+from torch.utils import _pytree as pytree
 
 from engine.errors import InvalidInputs
+from schemas import InputSummary
 
 STAGE = "loading"
 
@@ -37,6 +41,9 @@ _RANDINT = re.compile(r"^randint\(\s*(?P<lo>-?\d+)\s*,\s*(?P<hi>-?\d+)\s*\)$")
 _TENSOR_SPEC_KEYS = frozenset({"shape", "dtype", "fill"})
 _SPEC_KEYS = frozenset({"args", "kwargs", "seed"})
 _PT_KEYS = frozenset({"args", "kwargs"})
+MAX_SUMMARIZED_INPUTS = 1000
+"""Most input leaves `summarize_inputs` lists (a report stays small whatever the inputs)."""
+_MAX_REPR = 200
 
 
 def read_inputs(path: Path) -> Inputs:
@@ -298,3 +305,77 @@ def _spec_error(message: str, path: str, value: Any, **extra: Any) -> InvalidInp
         stage=STAGE,
         details={"source": "inputs", "format": "json", "path": path, "value": shown, **extra},
     )
+
+
+def summarize_inputs(
+    forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[InputSummary]:
+    """Every leaf of the example inputs with its path, the parameter it binds to, its
+    shape and dtype (tensors) or value (anything else), for `report.json`'s `inputs`.
+
+    Args:
+        forward: the module's `forward`, whose signature names the arguments.
+        args: the positional example inputs.
+        kwargs: the keyword example inputs.
+    """
+    names = _parameter_names(forward, args, kwargs)
+    try:
+        flat = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]
+    except Exception:  # a container type pytree cannot give key paths for: its top level
+        flat = [
+            *(((pytree.SequenceKey(0), pytree.SequenceKey(i)), v) for i, v in enumerate(args)),
+            *(((pytree.SequenceKey(1), pytree.MappingKey(k)), v) for k, v in kwargs.items()),
+        ]
+    summaries = []
+    for keys, leaf in flat[:MAX_SUMMARIZED_INPUTS]:
+        top = (getattr(keys[0], "idx", 0), _key_of(keys[1])) if len(keys) > 1 else None
+        path = ("kwargs" if top and top[0] == 1 else "args") + pytree.keystr(tuple(keys[1:]))
+        summary = InputSummary(path=path, name=names.get(top) if top else None, type="Tensor")
+        if isinstance(leaf, torch.Tensor):
+            summary.shape = [int(size) for size in leaf.shape]
+            summary.dtype = str(leaf.dtype).removeprefix("torch.")
+        else:
+            summary.type = type(leaf).__name__
+            summary.value = _plain_value(leaf)
+        summaries.append(summary)
+    return summaries
+
+
+def _key_of(key: Any) -> Any:
+    return getattr(key, "idx", getattr(key, "key", None))
+
+
+def _parameter_names(
+    forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[tuple[int, Any], str | None]:
+    """(0, position) or (1, keyword) → the parameter name, when the inputs bind to forward."""
+    try:
+        signature = inspect.signature(forward)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {}
+    names: dict[tuple[int, Any], str | None] = {}
+    position = 0
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            # `*args` has no name per position in the dynamic-shapes JSON
+            for _ in value:
+                names[(0, position)] = None
+                position += 1
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            names.update({(1, key): key for key in value})
+        elif position < len(args) and kind is not inspect.Parameter.KEYWORD_ONLY:
+            names[(0, position)] = name
+            position += 1
+        else:
+            names[(1, name)] = name
+    return names
+
+
+def _plain_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value if not isinstance(value, str) else value[:_MAX_REPR]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    return repr(value)[:_MAX_REPR]

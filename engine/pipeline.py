@@ -28,6 +28,7 @@ from engine import (
     draft,
     dynamic_shapes,
     environment,
+    inputs,
     loading,
     portability,
     roundtrip,
@@ -170,6 +171,7 @@ def run_export(
         decomposition=run.sections.get("decomposition"),
         verification=run.sections.get("verification"),
         model=run.sections.get("model"),
+        inputs=run.sections.get("inputs", []),
         warnings=run.warnings,
         error=error,
         draft_export=run.sections.get("draft_export"),
@@ -187,9 +189,16 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
     request, options = run.request, run.request.options
     reference = options.verify.enabled
     with run.step("loading", "importing the uploaded module"):
+        loaded = loading.load(request.upload, options, request.work_dir, reference=False)
+        # Before the eager run and portability wrapping: the inputs as the user gave them,
+        # in the report even when the model then fails (the dynamic-shapes editor needs them).
+        run.sections["inputs"] = inputs.summarize_inputs(
+            loaded.module.forward, loaded.args, loaded.kwargs
+        )
         # Without verification nothing needs the eager reference up front; it is run
         # later only to explain a tracing failure or to map non-portable outputs.
-        loaded = loading.load(request.upload, options, request.work_dir, reference=reference)
+        if reference:
+            _run_reference(loaded)
         made = _make_portable(run, loaded)
         pristine = copy.deepcopy(loaded.module) if reference else loaded.module
 

@@ -62,3 +62,14 @@ class JobPublic(StrictModel):
         default=0, description="How many times a worker started this job (re-queued once if lost)."
     )
     webhook: WebhookDelivery | None = None
+    model_name: str | None = Field(
+        default=None,
+        description="The uploaded model file's base name, reduced to `[A-Za-z0-9._-]` "
+        "(`GET /v1/exports/{id}/uploads/model` serves it); null when not recorded.",
+    )
+    inputs_name: str | None = Field(
+        default=None, description="The uploaded inputs file's name; null when none was uploaded."
+    )
+    weights_name: str | None = Field(
+        default=None, description="The uploaded weights file's name; null when none was uploaded."
+    )

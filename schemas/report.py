@@ -145,6 +145,28 @@ class DraftIssue(StrictModel):
     )
 
 
+class InputSummary(StrictModel):
+    """One example input as loaded, before tracing: a leaf of `(args, kwargs)`."""
+
+    path: str = Field(
+        description="Pytree path into the inputs: `args[0]`, `kwargs['mask']`, `args[1]['a']`."
+    )
+    name: str | None = Field(
+        default=None,
+        description="forward's parameter the top-level argument binds to (the key itself "
+        "for a `**kwargs` parameter), as the dynamic-shapes JSON names it; null when it "
+        "binds to none, or to `*args`.",
+    )
+    type: str = Field(description='"Tensor", or the Python type name of a non-tensor input.')
+    shape: list[int] | None = Field(default=None, description="Sizes of a tensor input.")
+    dtype: str | None = Field(default=None, description='dtype of a tensor input ("float32").')
+    value: Any = Field(
+        default=None,
+        description="A non-tensor input's value (numbers, strings, booleans; other types as "
+        "a short repr); null for tensors.",
+    )
+
+
 class ModelSummary(StrictModel):
     """What the program holds."""
 
@@ -193,6 +215,10 @@ class ReportDocument(StrictModel):
     decomposition: DecompositionReport | None = None
     verification: VerificationReport | None = None
     model: ModelSummary | None = None
+    inputs: list[InputSummary] = Field(
+        default_factory=list,
+        description="The example inputs as loaded, written even when a later stage fails.",
+    )
     warnings: list[ReportWarning] = Field(default_factory=list)
     error: ErrorBody | None = None
     draft_export: list[DraftIssue] | None = None

@@ -38,11 +38,18 @@ ZIP_MAX_EXPANSION = 64
 """A zip may unpack to at most this many times the model limit (zip bombs)."""
 
 MEDIA_TYPES = {".json": "application/json", ".pt2": "application/zip"}
+UPLOAD_FIELDS = ("model", "inputs", "weights")
+UPLOAD_MEDIA_TYPES = {".py": "text/x-python", ".zip": "application/zip"}
 
 
 def media_type_for(name: str) -> str:
     """Content type of an artifact by its name."""
     return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
+
+
+def upload_media_type(name: str) -> str:
+    """Content type of an uploaded file (or zip member) by its name: the bytes as stored."""
+    return UPLOAD_MEDIA_TYPES.get(Path(name).suffix.lower(), "application/octet-stream")
 
 
 def engine_fingerprint() -> str:
@@ -346,6 +353,9 @@ def to_public(job: Job) -> JobPublic:
         finished_at=job.finished_at,
         attempts=job.attempts,
         webhook=webhook,
+        model_name=job.model_name,
+        inputs_name=job.inputs_name,
+        weights_name=job.weights_name,
     )
 
 
@@ -471,3 +481,36 @@ def find_artifact(session: Session, job: Job, name: str) -> Artifact:
         f"job {job.id} has no artifact {name!r}",
         details={"job_id": job.id, "artifact": name, "available": [a.name for a in job.artifacts]},
     )
+
+
+@dataclass(frozen=True)
+class StoredUpload:
+    """A file uploaded with a job: its form field, its (sanitized) name and its blob."""
+
+    field: str
+    name: str
+    sha256: str
+
+
+def find_upload(job: Job, field: str) -> StoredUpload:
+    """The job's upload in `field` (`model`, `inputs`, `weights`), at any status.
+
+    Raises:
+        NotFound: another field name, or nothing was uploaded in that field.
+    """
+    stored = {
+        "model": (job.model_name, job.model_sha256),
+        "inputs": (job.inputs_name, job.inputs_sha256),
+        "weights": (job.weights_name, job.weights_sha256),
+    }
+    name, sha256 = stored.get(field, (None, None))
+    if name is None or sha256 is None:
+        raise NotFound(
+            f"job {job.id} has no {field!r} upload",
+            details={
+                "job_id": job.id,
+                "upload": field,
+                "available": [f for f in UPLOAD_FIELDS if stored[f][1] is not None],
+            },
+        )
+    return StoredUpload(field=field, name=name, sha256=sha256)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import shutil
@@ -20,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from schemas import JobPublic, JobStatus
 from schemas.job import TERMINAL_STATUSES
-from service import jobs
+from service import archives, jobs
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
     Conflict,
@@ -33,7 +34,7 @@ from service.errors import (
 )
 from service.lifecycle import mark_unsent
 from service.queue import enqueue_export, queue_for
-from service.uploads import receive_form
+from service.uploads import receive_form, safe_filename
 
 logger = logging.getLogger(__name__)
 
@@ -314,3 +315,85 @@ def download_artifact(
     headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     headers["Content-Length"] = str(end - start + 1)
     return StreamingResponse(body, status_code=206, media_type=artifact.media_type, headers=headers)
+
+
+def _upload_headers(name: str, sha256: str, size: int) -> dict[str, str]:
+    return {
+        "ETag": f'"{sha256}"',
+        "Content-Disposition": f'attachment; filename="{safe_filename(name, "upload")}"',
+        "Content-Length": str(size),
+        # User bytes: never let a browser sniff them into HTML or script.
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "private, max-age=31536000, immutable",
+    }
+
+
+@router.get(
+    "/{job_id}/uploads/{field}",
+    summary="Download an uploaded file",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {
+                "text/x-python": {},
+                "application/zip": {},
+                "application/octet-stream": {},
+            },
+            "description": "The file as uploaded: `model`, `inputs` or `weights`.",
+        },
+        **error_responses(NotFound, Unauthorized, RateLimited),
+    },
+)
+def download_upload(
+    job_id: str, field: str, session: SessionDep, state: StateDep, caller: CallerDep
+) -> Response:
+    """The bytes of the job's `model`, `inputs` or `weights` upload, streamed as stored.
+
+    Nothing is parsed or unpickled: the API serves bytes. Available at any job status.
+    """
+    upload = jobs.find_upload(jobs.get_job(session, job_id, caller), field)
+    size = state.store.size(upload.sha256)
+    return StreamingResponse(
+        state.store.read(upload.sha256),
+        media_type=jobs.upload_media_type(upload.name),
+        headers=_upload_headers(upload.name, upload.sha256, size),
+    )
+
+
+@router.get(
+    "/{job_id}/uploads/model/files/{member:path}",
+    summary="Download one file of an uploaded model zip",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/x-python": {}, "application/octet-stream": {}}},
+        **error_responses(NotFound, UploadTooLarge, InvalidRequest, Unauthorized, RateLimited),
+    },
+)
+def download_upload_member(
+    job_id: str, member: str, session: SessionDep, state: StateDep, caller: CallerDep
+) -> Response:
+    """One regular file of the uploaded model zip, by its path inside the archive (the
+    `location.file` of an error), read from the zip without extracting anything.
+
+    `not_found` for a path the archive does not hold or a `.py` model upload;
+    `upload_too_large` for a member over 1 MiB.
+    """
+    upload = jobs.find_upload(jobs.get_job(session, job_id, caller), "model")
+    if jobs.upload_media_type(upload.name) != "application/zip":
+        raise NotFound(
+            f"the model of job {job_id} is not a zip",
+            details={"job_id": job_id, "member": member, "reason": "not_a_zip"},
+        )
+    name, data = archives.read_member(
+        state.store,
+        upload.sha256,
+        member,
+        tmp_root=state.settings.data_dir / "tmp",
+        job_id=job_id,
+    )
+    digest = hashlib.sha256(data).hexdigest()
+    return Response(
+        data,
+        media_type=jobs.upload_media_type(name),
+        headers=_upload_headers(name.rsplit("/", 1)[-1], digest, len(data)),
+    )

@@ -66,6 +66,14 @@ def test_the_key_is_asked_for_kept_in_the_session_and_sent(
         other.goto("/#/jobs")
         other.wait_for_selector("#banner[data-code=unauthorized]")
         assert other.evaluate("sessionStorage.getItem('torchport.apiKey')") is None
+        # With the key, the failure page fetches the uploaded source around the line.
+        other.fill("#api-key", key)
+        other.click("#api-key-form button[type=submit]")
+        other.wait_for_selector("#jobs-table")
+        other.goto(f"/#/jobs/{jobs[0]['id']}")
+        other.wait_for_selector("#source[data-source=upload]")
+        assert other.locator("#source .src-line.highlight").get_attribute("data-line") == "9"
+        assert other.locator("#source .src-line").count() == 13
         other.context.close()
     finally:
         context.close()

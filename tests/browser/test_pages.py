@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.browser.conftest import MAX_MODEL_BYTES, MODELS, ROOT, Server
@@ -136,7 +137,15 @@ def test_a_failing_model_shows_its_code_hint_and_line(page: Any, server: Server)
     assert page.locator("tr[data-type=data_dependent]").count() >= 1
 
 
-def test_the_failure_page_opened_later_shows_the_line_from_the_report(
+def source_rows(page: Any) -> list[tuple[int, str]]:
+    """(line number, text) of each line the failure page shows."""
+    rows = page.locator("#source .src-line").evaluate_all(
+        "lines => lines.map(l => [Number(l.dataset.line), l.querySelector('.code').textContent])"
+    )
+    return [(int(n), str(text)) for n, text in rows]
+
+
+def test_the_failure_page_opened_later_shows_the_source_from_the_api(
     page: Any, server: Server, browser: Any
 ) -> None:
     job_id = submit(page, MODELS / "data_dependent.py")
@@ -144,10 +153,78 @@ def test_the_failure_page_opened_later_shows_the_line_from_the_report(
     fresh = browser.new_context(base_url=server.url).new_page()
     try:
         fresh.goto(f"/#/jobs/{job_id}")
-        fresh.wait_for_selector("#error-code")
+        fresh.wait_for_selector("#source[data-source=upload]")
         highlighted = fresh.locator("#source .src-line.highlight")
+        assert highlighted.count() == 1
         assert highlighted.get_attribute("data-line") == "9"
-        assert fresh.locator("#source .src-line").count() == 1
+        lines = (MODELS / "data_dependent.py").read_text().split("\n")
+        # Six lines either side of line 9, as in the uploaded file.
+        assert source_rows(fresh) == [(n, lines[n - 1]) for n in range(3, 16)]
+    finally:
+        fresh.context.close()
+
+
+def test_the_failing_file_inside_a_zip_is_shown_from_the_api(
+    page: Any, server: Server, browser: Any, tmp_path: Path
+) -> None:
+    net = (MODELS / "data_dependent.py").read_text()
+    archive = tmp_path / "gate_pkg.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("gate/__init__.py", "")
+        zf.writestr("gate/net.py", "# the package's model\n\n" + net)
+    page.goto("/")
+    page.set_input_files("[data-testid=file-model]", str(archive))
+    page.fill("input[name=entry]", "gate/net.py")
+    page.click("#submit")
+    job_id = job_id_of(page)
+    page.wait_for_selector("#error-code", timeout=120_000)
+    report = server.api(f"v1/exports/{job_id}/artifacts/report.json")
+    assert report["error"]["location"]["file"] == "gate/net.py"
+    assert report["error"]["location"]["line"] == 11
+
+    fresh = browser.new_context(base_url=server.url).new_page()
+    try:
+        fresh.goto(f"/#/jobs/{job_id}")
+        fresh.wait_for_selector("#source[data-source=upload]")
+        assert fresh.locator("#source .src-line.highlight").get_attribute("data-line") == "11"
+        lines = ("# the package's model\n\n" + net).split("\n")
+        assert source_rows(fresh) == [(n, lines[n - 1]) for n in range(5, 18)]
+    finally:
+        fresh.context.close()
+
+
+def test_a_failed_job_offers_the_dimension_editor_from_its_inputs(
+    page: Any, server: Server, browser: Any
+) -> None:
+    job_id = submit(page, MODELS / "data_dependent.py")
+    page.wait_for_selector("#error-code", timeout=120_000)
+    report = server.api(f"v1/exports/{job_id}/artifacts/report.json")
+    assert [(i["path"], i["name"], i["shape"]) for i in report["inputs"]] == [("args[0]", "x", [3])]
+    # A page that did not upload the model: the editor comes from report.json's inputs,
+    # and "export again" brings the uploaded file back from the API.
+    fresh = browser.new_context(base_url=server.url).new_page()
+    try:
+        fresh.goto(f"/#/jobs/{job_id}")
+        fresh.wait_for_selector("[data-card=dynamic-shapes] input[data-dim='x.0']")
+        assert fresh.locator("[data-card=dynamic-shapes] input[data-dim]").count() == 1
+        fresh.check("input[data-dim='x.0']")
+        fresh.fill("[data-card=dynamic-shapes] .dim-name", "n")
+        fresh.fill("[data-card=dynamic-shapes] .dim-min", "2")
+        fresh.fill("[data-card=dynamic-shapes] .dim-max", "16")
+        spec = {"x": {"0": {"name": "n", "min": 2, "max": 16}}}
+        assert json.loads(fresh.text_content("#reexport-spec") or "null") == spec
+        fresh.click("#reexport")
+        fresh.wait_for_selector("#upload-form")
+        assert json.loads(fresh.input_value("#dynamic-shapes")) == spec
+        assert fresh.text_content("[data-zone=model] .file-name") == "data_dependent.py"
+        fresh.click("#submit")
+        again = job_id_of(fresh)
+        assert again != job_id
+        job = server.api(f"v1/exports/{again}")
+        assert job["options"]["dynamic_shapes"] == spec
+        assert job["model_name"] == "data_dependent.py"
+        uploaded = httpx.get(f"{server.url}v1/exports/{again}/uploads/model", timeout=10)
+        assert uploaded.content == (MODELS / "data_dependent.py").read_bytes()
     finally:
         fresh.context.close()
 
@@ -212,6 +289,9 @@ def test_the_jobs_list_filters_by_status(page: Any, server: Server) -> None:
     )
     failed = server.api("v1/exports?status=failed&limit=20")["items"]
     assert statuses == ["failed"] * len(failed) and statuses
+    names = page.locator("#jobs-table tr[data-job] td[data-field=model_name]").all_text_contents()
+    assert names == [job["model_name"] for job in failed]
+    assert names[0] == "data_dependent.py"
     page.click("#jobs-table tr[data-job] a")
     page.wait_for_selector("#error-code")
     assert page.get_attribute("#error-code", "data-code") == failed[0]["error"]["code"]

@@ -10,7 +10,7 @@ import safetensors.torch
 import torch
 
 from engine.errors import InvalidInputs
-from engine.inputs import build_inputs, normalize_inputs, read_inputs
+from engine.inputs import build_inputs, normalize_inputs, read_inputs, summarize_inputs
 
 
 class Payload:
@@ -258,3 +258,33 @@ def test_normalize_inputs() -> None:
     with pytest.raises(InvalidInputs) as info:
         normalize_inputs({"x": x}, None, source="module")
     assert info.value.details == {"source": "module", "key": "args", "got": "dict"}
+
+
+def test_summaries_name_var_keywords_by_key_and_leave_var_positionals_unnamed() -> None:
+    def forward(x, *rest, flag=False, **extra):
+        return x
+
+    tensor = torch.zeros(4, 1)
+    summaries = summarize_inputs(
+        forward, (tensor, tensor, 1.5), {"flag": True, "bias": torch.ones(2), "note": "hi"}
+    )
+    assert [(s.path, s.name, s.type, s.shape, s.value) for s in summaries] == [
+        ("args[0]", "x", "Tensor", [4, 1], None),
+        ("args[1]", None, "Tensor", [4, 1], None),
+        ("args[2]", None, "float", None, 1.5),
+        ("kwargs['flag']", "flag", "bool", None, True),
+        ("kwargs['bias']", "bias", "Tensor", [2], None),
+        ("kwargs['note']", "note", "str", None, "hi"),
+    ]
+
+
+def test_summaries_of_inputs_that_do_not_bind_carry_no_names() -> None:
+    def forward(x):
+        return x
+
+    summaries = summarize_inputs(forward, (torch.zeros(1), torch.zeros(2)), {})
+    assert [(s.path, s.name, s.shape) for s in summaries] == [
+        ("args[0]", None, [1]),
+        ("args[1]", None, [2]),
+    ]
+    assert summarize_inputs(forward, (), {"y": float("nan")})[0].value == "nan"

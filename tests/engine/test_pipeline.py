@@ -130,3 +130,33 @@ def test_samples_the_program_itself_refuses_are_skipped_not_failed(tmp_path: Pat
     assert samples["min"].status == "skipped"
     assert (samples["min"].reason or "").startswith("outside the program's guards")
     assert samples["max"].status == "passed"
+
+
+def test_the_report_lists_the_inputs_when_tracing_fails(tmp_path: Path) -> None:
+    result = export(tmp_path, "pipeline_mixed_inputs.py")
+    assert result.report.error is not None and result.report.error.code == "data_dependent"
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    rows = [
+        (i["path"], i["name"], i["type"], i["shape"], i["dtype"], i["value"])
+        for i in written["inputs"]
+    ]
+    assert rows == [
+        ("args[0]", "x", "Tensor", [2, 3], "float32", None),
+        ("args[1]['a']", "pair", "Tensor", [3], "float32", None),
+        ("args[1]['b']", "pair", "Tensor", [2, 3], "float32", None),
+        ("args[2]", "scale", "int", None, None, 2),
+        ("kwargs['mask']", "mask", "Tensor", [2, 3], "bool", None),
+    ]
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_the_report_lists_the_inputs_when_the_eager_run_fails(tmp_path: Path, verify: bool) -> None:
+    result = export(tmp_path, "load_eager_fails.py", {"verify": {"enabled": verify}})
+    assert result.report.error is not None and result.report.error.code == "eager_run_failed"
+    assert [(i.path, i.name, i.shape) for i in result.report.inputs] == [("args[0]", "x", [4, 3])]
+
+
+def test_inputs_are_empty_when_loading_fails_before_them(tmp_path: Path) -> None:
+    result = export(tmp_path, "load_no_model.py")
+    assert result.report.error is not None and result.report.error.code == "model_not_found"
+    assert result.report.inputs == []

@@ -56,6 +56,8 @@ def test_a_key_sees_only_its_own_jobs(client: TestClient, state: AppState) -> No
         ("GET", f"/v1/exports/{job_id}"),
         ("DELETE", f"/v1/exports/{job_id}"),
         ("GET", f"/v1/exports/{job_id}/events"),
+        ("GET", f"/v1/exports/{job_id}/uploads/model"),
+        ("GET", f"/v1/exports/{job_id}/uploads/model/files/model.py"),
     ]:
         answer = client.request(method, path, headers=bearer(bob))
         assert answer.status_code == 404, path
@@ -63,6 +65,8 @@ def test_a_key_sees_only_its_own_jobs(client: TestClient, state: AppState) -> No
     assert client.get("/v1/exports", headers=bearer(bob)).json()["items"] == []
     mine = client.get("/v1/exports", headers=bearer(alice)).json()["items"]
     assert [item["id"] for item in mine] == [job_id]
+    upload = client.get(f"/v1/exports/{job_id}/uploads/model", headers=bearer(alice))
+    assert upload.status_code == 200 and upload.content == model_file()[1]
     # The same upload by another key is its own job, never the other key's cache.
     theirs = client.post("/v1/exports", files={"model": model_file()}, headers=bearer(bob))
     assert theirs.json()["id"] != job_id

@@ -64,3 +64,21 @@ def test_missing_blob_and_missing_bucket(endpoint: str) -> None:
         store.size(absent)
     with pytest.raises(StoreError):
         open_store("s3://no-such-bucket", s3_endpoint_url=endpoint).check()
+
+
+def test_a_zip_member_is_read_from_an_s3_blob(endpoint: str, tmp_path: Path) -> None:
+    import zipfile
+
+    from service.archives import read_member
+
+    store = open_store("s3://art/zips", s3_endpoint_url=endpoint)
+    archive = tmp_path / "pkg.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("pkg/net.py", b"x = 1\n")
+    sha, _ = store.put_file(archive)
+    tmp_root = tmp_path / "tmp"
+    assert read_member(store, sha, "pkg/net.py", tmp_root=tmp_root, job_id="j") == (
+        "pkg/net.py",
+        b"x = 1\n",
+    )
+    assert list(tmp_root.iterdir()) == []  # the downloaded copy is gone

@@ -82,6 +82,29 @@ export function getArtifactJson(id, name) {
   return getJson(artifactUrl(id, name));
 }
 
+/** Where the API serves a job's uploaded file (`model`, `inputs`, `weights`) back. */
+export function uploadUrl(id, field) {
+  return `v1/exports/${encodeURIComponent(id)}/uploads/${encodeURIComponent(field)}`;
+}
+
+/** Where the API serves one file of a job's uploaded model zip, by its path in the zip. */
+export function uploadMemberUrl(id, path) {
+  return `${uploadUrl(id, "model")}/files/${path.split("/").map(encodeURIComponent).join("/")}`;
+}
+
+/** The text of a source file the job uploaded: the .py model, or a file in its zip. */
+export async function getUploadText(id, path = null) {
+  const response = await check(await fetch(path ? uploadMemberUrl(id, path) : uploadUrl(id, "model"), { headers: headers() }));
+  return response.text();
+}
+
+/** A job's uploaded file as a File named as it was uploaded (to fill the form again). */
+export async function getUploadFile(id, field, name) {
+  const response = await check(await fetch(uploadUrl(id, field), { headers: headers() }));
+  const blob = await response.blob();
+  return new File([blob], name, { type: blob.type });
+}
+
 /** Download an artifact: a plain link when no key is needed, else fetched with the key. */
 export async function downloadArtifact(id, name) {
   if (!apiKey()) {

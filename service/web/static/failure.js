@@ -3,7 +3,8 @@
 import { h, fill, card, table, copyButton, rich } from "./dom.js";
 import { sourceOf } from "./session.js";
 import { againButton, startAgain } from "./job.js";
-import { applySuggestedFixes } from "./dynamic_shapes.js";
+import { applySuggestedFixes, dimensionEditor } from "./dynamic_shapes.js";
+import { getUploadText } from "./api.js";
 
 const EXPORTDB = "https://pytorch.org/docs/main/generated/exportdb/index.html#";
 const CONTEXT_LINES = 6;
@@ -48,6 +49,7 @@ export function renderFailure(root, job, report, navigate) {
       h("div", { class: "actions" }, againButton(job, navigate))),
     error.location ? sourceCard(job, error.location) : null,
     fixesCard(job, error, report, navigate),
+    shapesEditorCard(job, error, report, navigate),
     error.exportdb?.length ? exportdbCard(error.exportdb) : null,
     report?.draft_export?.length ? draftCard(report.draft_export) : null,
     report?.tracing?.attempts?.length ? attemptsCard(report.tracing.attempts) : null,
@@ -57,25 +59,80 @@ export function renderFailure(root, job, report, navigate) {
 }
 
 function sourceCard(job, location) {
-  const source = sourceOf(job.id);
   const line = location.line;
-  let lines;
-  let note = null;
-  if (source && (!location.file || location.file.endsWith(source.name) || source.name.endsWith(location.file))) {
-    const all = source.text.split("\n");
-    const first = Math.max(1, (line ?? 1) - CONTEXT_LINES);
-    const last = Math.min(all.length, (line ?? 1) + CONTEXT_LINES);
-    lines = [];
-    for (let n = first; n <= last; n += 1) lines.push([n, all[n - 1]]);
+  const source = h("pre", { class: "source", id: "source", "data-source": "error" });
+  const note = h("p", { class: "muted small", id: "source-note" });
+  const showLines = (rows) => fill(source, rows.map(([n, text]) =>
+    h("div", { class: n === line ? "src-line highlight" : "src-line", "data-line": n }, h("span", { class: "ln" }, String(n ?? "")), h("span", { class: "code" }, text ?? ""))));
+  /** The lines around the failing one from the whole file; false when the line is not in it. */
+  const showFile = (text, from) => {
+    const all = text.split("\n");
+    if (!line || line > all.length) return false;
+    const rows = [];
+    for (let n = Math.max(1, line - CONTEXT_LINES); n <= Math.min(all.length, line + CONTEXT_LINES); n += 1) rows.push([n, all[n - 1]]);
+    showLines(rows);
+    source.dataset.source = from;
+    note.hidden = true;
+    return true;
+  };
+  const onlyTheLine = (why) => {
+    fill(note, why);
+    note.hidden = false;
+  };
+  showLines([[line, location.code || ""]]);
+  const local = sourceOf(job.id);
+  if (local && (!location.file || location.file.endsWith(local.name) || local.name.endsWith(location.file)) && showFile(local.text, "tab")) {
+    // this tab uploaded it
+  } else if (uploadedPath(job, location) !== undefined) {
+    onlyTheLine("Loading your source…");
+    getUploadText(job.id, uploadedPath(job, location))
+      .then((text) => showFile(text, "upload") || onlyTheLine("Only the failing line is shown: the uploaded file has no such line."))
+      .catch((error) => onlyTheLine(`Only the failing line is shown: the uploaded file could not be read (${error.body?.code || "error"}).`));
   } else {
-    lines = [[line, location.code || ""]];
-    note = "Only the failing line is shown: the API does not serve uploaded files back, and this browser tab did not upload this one.";
+    onlyTheLine("Only the failing line is shown: it is not in a file this job uploaded.");
   }
   return card("Where in your code",
     h("p", {}, h("code", {}, `${location.file || "?"}:${line ?? "?"}`)),
-    h("pre", { class: "source", id: "source" }, lines.map(([n, text]) =>
-      h("div", { class: n === line ? "src-line highlight" : "src-line", "data-line": n }, h("span", { class: "ln" }, String(n ?? "")), h("span", { class: "code" }, text ?? "")))),
-    note ? h("p", { class: "muted small" }, note) : null);
+    source, note);
+}
+
+/**
+ * Where the failing file is among the job's uploads: null for the .py model itself, the path
+ * inside the zip for a zip model, undefined when it is not an uploaded file we can ask for.
+ */
+function uploadedPath(job, location) {
+  const name = job.model_name;
+  if (!name || !location.line) return undefined;
+  if (name.toLowerCase().endsWith(".zip")) return location.file || undefined;
+  return !location.file || location.file === name ? null : undefined;
+}
+
+/** Top-level tensor inputs with a parameter name: what the dynamic-shapes JSON can key. */
+export function editableInputs(inputs) {
+  const top = /^(?:args\[\d+\]|kwargs\['[^']*'\])$/;
+  const seen = new Set();
+  return (inputs || []).filter((i) => i.name && i.shape && top.test(i.path) && !seen.has(i.name) && seen.add(i.name))
+    .map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype }));
+}
+
+function shapesEditorCard(job, error, report, navigate) {
+  const inputs = editableInputs(report?.inputs);
+  if (!inputs.length || !error.stage || error.stage === "loading") return null;
+  const requested = report?.tracing?.dynamic_shapes?.requested ?? job.options.dynamic_shapes ?? null;
+  let spec = requested && typeof requested === "object" && !Array.isArray(requested) ? requested : null;
+  const preview = h("pre", { id: "reexport-spec" }, JSON.stringify(spec));
+  const editor = dimensionEditor(inputs, (value) => {
+    spec = value;
+    preview.textContent = JSON.stringify(value);
+  }, spec);
+  const again = h("button", { type: "button", class: "secondary", id: "reexport" }, "Export again with these dynamic shapes");
+  again.addEventListener("click", () => {
+    again.disabled = true;
+    startAgain(job, navigate, { options: { dynamic_shapes: spec }, inputs_meta: inputs });
+  });
+  return card("Dynamic shapes",
+    h("p", { class: "muted" }, "The example inputs as this export loaded them. Tick the sizes that may change (inputs that must have equal sizes share a name) and export again."),
+    editor, preview, h("div", { class: "actions" }, again));
 }
 
 function fixesCard(job, error, report, navigate) {

@@ -1,7 +1,7 @@
 // A job: live stage progress from the event stream, elapsed time per stage, cancel; then the
 // result or the failure once it finishes.
 import { h, fill, card, badge, formatSeconds, formatTime } from "./dom.js";
-import { getJob, followJob, cancelJob, getArtifactJson, ApiError } from "./api.js";
+import { getJob, followJob, cancelJob, getArtifactJson, getUploadFile, ApiError } from "./api.js";
 import { renderResult } from "./result.js";
 import { renderFailure } from "./failure.js";
 import { uploads } from "./session.js";
@@ -84,6 +84,7 @@ export function renderJob(root, id, navigate) {
   function renderHeader() {
     const o = job.options;
     const facts = [
+      job.model_name,
       `created ${formatTime(job.created_at)}`,
       o.strict === true ? "strict" : o.strict === "auto" ? "strict, then non-strict" : "non-strict",
       `decomposition: ${o.decomposition.mode}`,
@@ -93,7 +94,7 @@ export function renderJob(root, id, navigate) {
     ];
     fill(header, 
       h("h1", {}, "Export ", h("code", { class: "job-id" }, id), " ", badge(job.status)),
-      h("p", { class: "muted" }, facts.join(" · "), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
+      h("p", { class: "muted" }, facts.filter(Boolean).join(" · "), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
     );
   }
 
@@ -175,9 +176,21 @@ export function renderJob(root, id, navigate) {
   };
 }
 
-/** Open the upload form with this job's options (and this tab's files, when it uploaded them). */
-export function startAgain(job, navigate, changes = {}) {
-  const same = uploads.files.get(job.id);
+/**
+ * Open the upload form with this job's options and its files: the ones this tab uploaded, or
+ * else the job's uploads fetched back from the API (the form opens without files if that fails).
+ */
+export async function startAgain(job, navigate, changes = {}) {
+  let same = uploads.files.get(job.id);
+  if (!same && job.model_name) {
+    try {
+      const fetchFile = (field) => (job[`${field}_name`] ? getUploadFile(job.id, field, job[`${field}_name`]) : null);
+      const [model, inputs, weights] = await Promise.all(["model", "inputs", "weights"].map(fetchFile));
+      same = { model, inputs, weights };
+    } catch {
+      same = null;
+    }
+  }
   uploads.draft = {
     ...(same || {}),
     options: { ...job.options, ...changes.options },
@@ -188,6 +201,9 @@ export function startAgain(job, navigate, changes = {}) {
 
 export function againButton(job, navigate, changes = {}, label = "Change options and export again") {
   const button = h("button", { type: "button", class: "secondary" }, label);
-  button.addEventListener("click", () => startAgain(job, navigate, changes));
+  button.addEventListener("click", () => {
+    button.disabled = true;
+    startAgain(job, navigate, changes);
+  });
   return button;
 }

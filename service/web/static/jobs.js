@@ -25,6 +25,7 @@ export function renderJobs(root, params) {
       const seconds = job.finished_at && job.started_at ? (Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000 : null;
       return h("tr", { "data-job": job.id, "data-status": job.status },
         h("td", {}, h("a", { href: `#/jobs/${job.id}` }, h("code", {}, job.id.slice(0, 8)))),
+        h("td", { class: "model-name", "data-field": "model_name" }, job.model_name || "—"),
         h("td", {}, badge(job.status), job.cache_hit ? h("span", { class: "tag" }, "cache") : null),
         h("td", {}, job.stage || ""),
         h("td", {}, job.error ? h("code", { "data-code": job.error.code }, job.error.code) : ""),
@@ -42,7 +43,7 @@ export function renderJobs(root, params) {
     if (page.next_cursor) {
       nav.append(h("a", { href: `${base}cursor=${encodeURIComponent(page.next_cursor)}&trail=${[...trail, cursor].map(encodeURIComponent).join(",")}`, id: "next-page" }, "Older →"));
     }
-    fill(body, table(["job", "status", "stage", "error", "shapes", "created", "took"], rows, { id: "jobs-table" }), nav);
+    fill(body, table(["job", "model", "status", "stage", "error", "shapes", "created", "took"], rows, { id: "jobs-table" }), nav);
   }).catch((error) => {
     const code = error instanceof ApiError ? error.body.code : "internal_error";
     fill(body, h("p", { "data-code": code }, h("code", {}, code), " ", error.message));
