@@ -4,7 +4,8 @@ Same process, same models, several sizes. The direct path is what a person write
 `torch.export.export` + `run_decompositions()` + `torch.export.save`. The engine path is a
 whole `run_export` with verification off (it still loads the upload, runs the eager
 reference, writes graph/signature/report JSON and hashes the artifacts). Verification's own
-cost is measured separately. Runs alternate between the two paths so drift hits both.
+cost is measured separately, after the comparison. Direct and engine runs alternate, each
+after a garbage collection, so drift and collector pauses hit both alike.
 
     python bench/engine_overhead.py [--repeats 7] [--markdown]
 """
@@ -12,6 +13,7 @@ cost is measured separately. Runs alternate between the two paths so drift hits 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import statistics
 import sys
@@ -111,8 +113,12 @@ def main() -> None:
             _engine(path, tmp / "w0", verify=False)
             direct, engine, verify_cost = [], [], []
             for i in range(args.repeats):
+                gc.collect()
                 direct.append(_direct(path, tmp))
+                gc.collect()
                 engine.append(_engine(path, tmp / f"e{i}", verify=False)[0])
+            for i in range(max(3, args.repeats // 2)):
+                gc.collect()
                 verify_cost.append(_engine(path, tmp / f"v{i}", verify=True)[1])
             d, e, v = (statistics.median(x) for x in (direct, engine, verify_cost))
             rows.append((name, d, e, e / d - 1, v))

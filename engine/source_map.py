@@ -6,6 +6,7 @@ server path, and points into their code rather than into torch.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import re
 import traceback
@@ -18,6 +19,15 @@ from schemas import SourceLocation
 _FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
+@functools.lru_cache(maxsize=4096)
+def _relative(filename: str, root: Path) -> str | None:
+    # Graphs name the same few files in every node's stack: resolve each once.
+    try:
+        return Path(filename).resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return None
+
+
 @dataclass(frozen=True)
 class SourceMap:
     """Knows where the upload was unpacked (`root`) and renders paths relative to it."""
@@ -26,11 +36,7 @@ class SourceMap:
 
     def relative(self, filename: str) -> str | None:
         """The uploaded name of `filename`, or None when it is not user code."""
-        try:
-            path = Path(filename).resolve()
-            return path.relative_to(self.root.resolve()).as_posix()
-        except (ValueError, OSError):
-            return None
+        return _relative(filename, self.root)
 
     def location(self, filename: str, line: int) -> SourceLocation | None:
         """A location in user code, with its source line, or None outside user code."""
