@@ -14,6 +14,7 @@ Messages (worker → zygote): `config`, `run` (with two fds: progress, output),
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -102,6 +103,10 @@ class Zygote:
                 _warm_full_pipeline(warm)
         if _thread_count() > threads_before:
             raise SystemExit("the warm-up started threads; forked children would hang")
+        # Everything alive now is shared with every child. Freezing it keeps the
+        # children's collector from walking (and so copying on write) the whole heap.
+        gc.collect()
+        gc.freeze()
         cuda_initialized = bool(torch.cuda.is_initialized())
         cuda_poisoned = _children_in_bad_fork(torch)
         if self.gpu is not None and (cuda_initialized or cuda_poisoned):
