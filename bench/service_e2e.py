@@ -82,12 +82,24 @@ class Server:
         answer.raise_for_status()
         return answer.json()
 
-    def wait(self, job_id: str, interval: float = 0.005) -> dict:
+    def wait(self, job_id: str, interval: float | None = None) -> dict:
+        """Follow the job's event stream to its final `job` event, as clients do.
+
+        With `interval`, poll GET instead (tight polling loads the 2 cores the job needs).
+        """
+        if interval is None:
+            with self.http.stream("GET", f"/v1/exports/{job_id}/events") as stream:
+                event = None
+                for line in stream.iter_lines():
+                    if line.startswith("event:"):
+                        event = line.split(":", 1)[1].strip()
+                    elif line.startswith("data:") and event == "job":
+                        return json.loads(line.split(":", 1)[1])
         while True:
             job = self.http.get(f"/v1/exports/{job_id}").json()
             if job["status"] in ("succeeded", "failed", "canceled"):
                 return job
-            time.sleep(interval)
+            time.sleep(interval or 0.05)
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
