@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -17,23 +14,10 @@ from engine.diagnostics import classify, essential
 from engine.errors import ExportError, InvalidRequest
 from engine.source_map import SourceMap
 from schemas import ErrorBody
+from tests.engine.model_files import MODELS
+from tests.engine.model_files import import_model_file as load_fixture
 
-MODELS = Path(__file__).resolve().parents[1] / "models"
 SOURCE_MAP = SourceMap(MODELS)
-
-
-def load_fixture(name: str) -> ModuleType:
-    """Import tests/models/<name>.py once (custom operators cannot be defined twice).
-
-    Registered in sys.modules: dynamo looks the module of traced code up by name.
-    """
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, MODELS / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def export_error(name: str, *, strict: bool, stage: str = "tracing") -> ExportError:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
-import importlib.util
 import logging
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,19 +16,7 @@ from engine import roundtrip
 from engine.portability import make_portable, non_portable_types, to_plain
 from engine.verification import verify
 from schemas import VerifyOptions
-
-MODELS = Path(__file__).resolve().parents[1] / "models"
-
-
-def fixture(name: str) -> ModuleType:
-    """Import a model file once: it registers pytree types, which cannot happen twice."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, MODELS / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tests.engine.model_files import import_model_file as fixture
 
 
 def portable(name: str, *, keep_types: bool = False) -> tuple[ModuleType, Any]:

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 from engine import roundtrip
-
-MODELS = Path(__file__).resolve().parents[1] / "models"
-
-
-def fixture(name: str) -> ModuleType:
-    """Import a model file once: some register pytree types, which cannot happen twice."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, MODELS / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tests.engine.model_files import import_model_file as fixture
 
 
 class Affine(torch.nn.Module):

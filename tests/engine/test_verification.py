@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -14,18 +11,7 @@ import torch
 
 from engine.verification import compare_leaf, default_tolerance, verify
 from schemas import VerifyOptions
-
-MODELS = Path(__file__).resolve().parents[1] / "models"
-
-
-def fixture(name: str) -> ModuleType:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, MODELS / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tests.engine.model_files import import_model_file as fixture
 
 
 def exported(module: ModuleType) -> tuple[torch.export.ExportedProgram, torch.nn.Module]:
