@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
+from torchport.commands.upload_options import add_upload_arguments
 from torchport.summary import render_summary
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -27,12 +28,7 @@ ARTIFACT_NAMES = ("program.pt2", "graph.json", "signature.json", "report.json")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `torchport export`."""
-    parser.add_argument("model", type=Path, help="the model source: a .py file or a .zip")
-    parser.add_argument("--inputs", type=Path, help=".safetensors, .pt or .json inputs")
-    parser.add_argument("--weights", type=Path, help=".safetensors or .pt state dict")
-    parser.add_argument("--options", help="export options: JSON text or a .json file")
-    parser.add_argument("--dynamic-shapes", help="dynamic shapes: JSON text or a .json file")
-    parser.add_argument("--strict", action="store_true", help="trace with strict=True")
+    add_upload_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("torchport-out"), help="output dir")
     parser.add_argument("--json", action="store_true", help="print report.json to stdout")
     parser.add_argument(

@@ -13,16 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from schemas import STAGES
+from torchport.commands.upload_options import add_upload_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `torchport submit`."""
-    parser.add_argument("model", type=Path, help="a .py file or a .zip of a package")
-    parser.add_argument("--inputs", type=Path, help="example inputs (.safetensors, .pt, .json)")
-    parser.add_argument("--weights", type=Path, help="state dict (.safetensors, .pt)")
-    parser.add_argument("--options", help="ExportOptions as JSON, or a JSON file")
-    parser.add_argument("--dynamic-shapes", help="dynamic shapes as JSON, or a JSON file")
-    parser.add_argument("--strict", action="store_true", help="strict tracing")
+    add_upload_arguments(parser)
     parser.add_argument("--server", help="server URL (TORCHPORT_SERVER, default 127.0.0.1:8000)")
     parser.add_argument("--api-key", help="API key (TORCHPORT_API_KEY)")
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
