@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -356,11 +355,9 @@ def _finish_error(run: _Run, exc: ExportError) -> ErrorBody:
     return body
 
 
-QUIET_WARNINGS = (
-    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-    r".*is deprecated.*",
-)
-"""torch's deprecation notices: about torch's own internals, nothing a user can act on."""
+QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+"""Deprecation notices from torch's internals: nothing a user can act on. The user's own
+warnings are always reported, whatever their category."""
 
 MAX_TORCH_WARNINGS = 20
 
@@ -374,10 +371,10 @@ def _torch_warnings(
         text = source_map.scrub(str(item.message)).strip()
         if not text or text in seen or len(seen) >= MAX_TORCH_WARNINGS:
             continue
-        if any(re.match(pattern, text) for pattern in QUIET_WARNINGS):
+        location = source_map.location(item.filename, item.lineno)
+        if location is None and issubclass(item.category, QUIET_CATEGORIES):
             continue
         details: dict[str, Any] = {"category": item.category.__name__}
-        location = source_map.location(item.filename, item.lineno)
         if location is not None:
             details["location"] = location.model_dump()
         seen[text] = ReportWarning(code="torch_warning", message=text, details=details)

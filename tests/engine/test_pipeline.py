@@ -160,3 +160,15 @@ def test_inputs_are_empty_when_loading_fails_before_them(tmp_path: Path) -> None
     result = export(tmp_path, "load_no_model.py")
     assert result.report.error is not None and result.report.error.code == "model_not_found"
     assert result.report.inputs == []
+
+
+def test_warnings_raised_while_exporting_are_reported_once_with_their_location(
+    tmp_path: Path,
+) -> None:
+    result = export(tmp_path, "pipeline_warns.py", {"verify": {"enabled": False}})
+    assert result.succeeded
+    mine = [w for w in result.report.warnings if w.code == "torch_warning"]
+    assert len(mine) == 1
+    assert mine[0].details["category"] == "UserWarning"
+    assert mine[0].details["location"]["file"] == "pipeline_warns.py"
+    assert mine[0].details["location"]["line"] == 10
