@@ -59,6 +59,8 @@ def make_celery(settings: CommonSettings) -> Celery:
     """A Celery app with torchport's task policy (see DESIGN.md, Data and lifecycle)."""
     url, transport_options = broker_options(settings)
     app = Celery("torchport", broker=url, set_as_current=False)
+    if url.startswith("filesystem://"):
+        app.conf.broker_transport = "service.folder_broker:Transport"
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
