@@ -22,13 +22,14 @@ from kombu.utils.json import dumps
 class Channel(filesystem.Channel):
     """The filesystem channel with an atomic put."""
 
-    def _put(self, queue: Any, message: Any, **kwargs: Any) -> None:
+    # kombu names the argument `message` in its base class and `payload` here: keep theirs.
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         staging = final + ".part"
         try:
             with open(staging, "wb") as handle:
-                handle.write(str_to_bytes(dumps(message)))
+                handle.write(str_to_bytes(dumps(payload)))
             os.replace(staging, final)
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
