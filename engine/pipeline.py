@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import time
 import warnings
@@ -35,11 +34,11 @@ from engine import (
     tracing,
     verification,
 )
+from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, artifact_info
 from engine.errors import ExportError, InternalError, SerializationFailed, VerificationFailed
 from engine.model import LoadedModel, Upload
 from engine.source_map import SourceMap
 from schemas import (
-    ArtifactInfo,
     ErrorBody,
     ExportOptions,
     Progress,
@@ -52,12 +51,6 @@ from schemas import (
 
 ProgressCallback = Callable[[Progress], None]
 RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
-
-PROGRAM = "program.pt2"
-GRAPH = "graph.json"
-SIGNATURE = "signature.json"
-REPORT = "report.json"
-ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
 
 
 @dataclass(frozen=True)
@@ -176,7 +169,7 @@ def run_export(
         error=error,
         draft_export=run.sections.get("draft_export"),
         environment=environment.describe(request.options.device),
-        artifacts=[_artifact_info(path) for path in artifacts.values()],
+        artifacts=[artifact_info(path) for path in artifacts.values()],
         duration_s=time.perf_counter() - started,
     )
     report_path = request.out_dir / REPORT
@@ -414,14 +407,6 @@ def _plain(spec: Any) -> Any:
 def _write_json(path: Path, document: BaseModel, artifacts: dict[str, Path]) -> None:
     path.write_text(document.model_dump_json(indent=2))
     artifacts[path.name] = path
-
-
-def _artifact_info(path: Path) -> ArtifactInfo:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return ArtifactInfo(name=path.name, size=path.stat().st_size, sha256=digest.hexdigest())
 
 
 def warm_up(work_dir: Path) -> None:

@@ -77,3 +77,11 @@ def test_schemas_import_nothing_of_ours() -> None:
                 f"{path.name}: {n}" for n in names if n.split(".")[0] in OURS - {"schemas"}
             ]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "module", ["engine.artifacts", "worker.sandbox.runner", "torchport.commands.export"]
+)
+def test_the_worker_side_never_imports_torch(module: str) -> None:
+    # The worker process holds secrets and never imports torch; uploads run in the zygote.
+    assert "torch" not in _modules_after_import(module)

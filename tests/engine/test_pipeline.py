@@ -9,8 +9,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from engine.artifacts import ARTIFACT_NAMES
 from engine.model import Upload
-from engine.pipeline import ARTIFACT_NAMES, ExportRequest, run_export
+from engine.pipeline import ExportRequest, run_export
 from schemas import ExportOptions, Progress, ReportDocument
 
 MODELS = Path(__file__).parents[1] / "models"

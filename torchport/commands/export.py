@@ -18,12 +18,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from engine.artifacts import ARTIFACT_NAMES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from torchport.commands.upload_options import add_upload_arguments
 from torchport.summary import render_summary
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-ARTIFACT_NAMES = ("program.pt2", "graph.json", "signature.json", "report.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -97,6 +97,7 @@ def run_export_job(spec: dict[str, Any]) -> int:
     import torch
 
     from engine import pipeline
+    from engine.artifacts import REPORT
     from engine.model import Upload
     from schemas import ExportOptions, RoundtripCheck
 
@@ -141,7 +142,7 @@ def run_export_job(spec: dict[str, Any]) -> int:
     report = result.report
     changed = _reclassify(report, attempts)
     if changed:
-        (out_dir / pipeline.REPORT).write_text(report.model_dump_json(indent=2))
+        (out_dir / REPORT).write_text(report.model_dump_json(indent=2))
     return 0
 
 

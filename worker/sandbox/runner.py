@@ -33,8 +33,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, artifact_info
 from schemas import (
-    ArtifactInfo,
     Environment,
     ErrorBody,
     ExportOptions,
@@ -50,7 +50,6 @@ from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
 
 ProgressCallback = Callable[[Progress], None]
 
-PROGRAM, GRAPH, SIGNATURE, REPORT = "program.pt2", "graph.json", "signature.json", "report.json"
 LOG = "sandbox.log"
 TAIL_BYTES = 8192
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -645,7 +644,7 @@ class SandboxRunner:
                 shutil.copyfile(path, target)
             artifacts[name] = target
         report.sandbox = SandboxReport(layers=self._layers(watch), details=details)
-        report.artifacts = [_artifact_info(path) for path in artifacts.values()]
+        report.artifacts = [artifact_info(path) for path in artifacts.values()]
         report_path = out_dir / REPORT
         report_path.write_text(report.model_dump_json(indent=2))
         artifacts[REPORT] = report_path
@@ -857,16 +856,6 @@ def _environment() -> Environment:
         python=platform.python_version(),
         platform=platform.platform(),
     )
-
-
-def _artifact_info(path: Path) -> ArtifactInfo:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return ArtifactInfo(name=path.name, size=path.stat().st_size, sha256=digest.hexdigest())
 
 
 def _read_regular(path: Path, limit: int, *, whole: bool) -> bytes | None:

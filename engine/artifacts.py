@@ -1,0 +1,26 @@
+"""The artifacts of an export: their names, and how each is described in the report.
+
+Torch-free on purpose: the worker (which never imports torch) and the CLI use it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from schemas import ArtifactInfo
+
+PROGRAM = "program.pt2"
+GRAPH = "graph.json"
+SIGNATURE = "signature.json"
+REPORT = "report.json"
+ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
+
+
+def artifact_info(path: Path) -> ArtifactInfo:
+    """Name, size and SHA-256 of an artifact file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return ArtifactInfo(name=path.name, size=path.stat().st_size, sha256=digest.hexdigest())
