@@ -23,7 +23,7 @@ import torch
 
 from engine import pipeline, roundtrip
 from engine.model import Upload
-from schemas import ExportOptions, RoundtripCheck
+from schemas import ExportOptions
 from worker.sandbox import zygote
 
 
@@ -40,15 +40,12 @@ def main() -> None:
     gc.collect()
     gc.freeze()
 
-    def in_process(pt2: Path, payload: Path) -> RoundtripCheck:
-        return RoundtripCheck.model_validate({**roundtrip.check_saved(pt2, payload), "loader": "x"})
-
     def job(tag: str) -> float:
         started = time.perf_counter()
         request = pipeline.ExportRequest(
             Upload(args.model), ExportOptions(), root / f"out-{tag}", root / f"work-{tag}"
         )
-        pipeline.run_export(request, roundtrip_runner=in_process)
+        pipeline.run_export(request, roundtrip_runner=roundtrip.run_in_process)
         return time.perf_counter() - started
 
     times: dict[str, list[float]] = {"cold": [], "prewarmed": []}

@@ -92,14 +92,9 @@ def main() -> None:
 
     from engine import pipeline, roundtrip
     from engine.model import Upload
-    from schemas import ExportOptions, RoundtripCheck
+    from schemas import ExportOptions
 
     pipeline.warm_up(root / "warm")
-
-    def in_process(pt2: Path, payload: Path) -> RoundtripCheck:
-        return RoundtripCheck.model_validate(
-            {**roundtrip.check_saved(pt2, payload), "loader": "warm"}
-        )
 
     warm: dict[str, list[float]] = {}
     for name, path in files.items():
@@ -114,7 +109,7 @@ def main() -> None:
                     out_dir=out / "out",
                     work_dir=out / "work",
                 ),
-                roundtrip_runner=in_process,
+                roundtrip_runner=roundtrip.run_in_process,
             )
             elapsed = time.perf_counter() - started
             assert exported.report.status == "succeeded", exported.report.error

@@ -123,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_in_process(
+    pt2_path: Path, payload_path: Path, loader: str = "in-process"
+) -> RoundtripCheck:
+    """Run `check_saved` right here: for processes that are themselves torch-only (the
+    sandbox zygote's warm-up) and for benchmarks of everything else."""
+    from schemas import RoundtripCheck
+
+    return RoundtripCheck.model_validate({**check_saved(pt2_path, payload_path), "loader": loader})
+
+
 def run_in_subprocess(pt2_path: Path, payload_path: Path, timeout_s: float = 120) -> RoundtripCheck:
     """Run `check_saved` in a fresh, isolated interpreter that has imported only torch.
 

@@ -399,14 +399,10 @@ def _warm_full_pipeline(warm: Path) -> None:
     intra-op thread pool is not started (tests prove forked children never hang)."""
     from engine import pipeline, roundtrip
     from engine.model import Upload
-    from schemas import ExportOptions, RoundtripCheck
+    from schemas import ExportOptions
 
     source = warm / "warm_model.py"
     source.write_text(_WARM_MODEL)
-
-    def in_process(pt2: Path, payload: Path) -> RoundtripCheck:
-        answer = roundtrip.check_saved(pt2, payload)
-        return RoundtripCheck.model_validate({**answer, "loader": "zygote"})
 
     pipeline.run_export(
         pipeline.ExportRequest(
@@ -415,7 +411,7 @@ def _warm_full_pipeline(warm: Path) -> None:
             out_dir=warm / "out",
             work_dir=warm / "work",
         ),
-        roundtrip_runner=in_process,
+        roundtrip_runner=lambda pt2, payload: roundtrip.run_in_process(pt2, payload, "zygote"),
     )
 
 
