@@ -1,16 +1,37 @@
 """Per-job cost of the sandbox: the same export sandboxed vs in an already-warm process.
 
-    python bench/sandbox_overhead.py [--runs 7] [--json OUT]
+    python bench/sandbox_overhead.py [--runs 9] [--json OUT]
 
-overhead = median(sandboxed job, as the worker sees it) - median(the same
-`engine.pipeline.run_export` in a warm process, with the round trip done
-in-process). Both sides do the same work: load, trace, decompose, verify, save,
-round trip. Also reported: RSS of the zygote and of the idle worker process.
+Three timings per model, interleaved run by run so that drifts in machine load hit all
+of them alike (medians over `--runs`):
+
+- sandboxed, idle worker: the job arrives at a worker whose zygote has its spare job
+  child and spare loader child warm (`SandboxRunner.wait_for_spares`); the report
+  must say the job ran in a spare.
+- sandboxed, back to back: the next job arrives the moment the previous one ended, so
+  the spares are still warming; they are killed and the job gets a fresh fork.
+- warm in-process, same work: the same `engine.pipeline.run_export` in this process,
+  which ran the zygote's warm-up, round trip in-process (no isolation at all). Before
+  each run torch's fake-tensor dispatch cache (`FakeTensorMode.cache`, class-level,
+  keyed by op and shapes) is put back to its state after the warm-up, the state every
+  sandboxed child starts from; the heap is frozen after the warm-up (`gc.freeze()`),
+  as the zygote's is. Without that, this process would skip the shape
+  propagation of every op it has seen with these shapes before: less work.
+- warm in-process, same model repeated: as above without the reset (the baseline of
+  this benchmark before spares existed). It exports the same model again and again, so
+  it hits its own cache on every op: the best case of an unisolated worker, one a
+  service sees only when the same shapes come back.
+
+overhead = median(sandboxed, as the worker sees it) - median(warm in-process, same
+work); the overhead against the repeated-model baseline is printed too. Every variant
+does load, trace, decompose, verify, save and the round trip. Also reported: RSS of the
+zygote, private memory of the ready spares, RSS of the idle worker process.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -51,9 +72,19 @@ def rss_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
+def private_mb(pid: int) -> float:
+    """Memory only this process holds (not shared with the zygote)."""
+    with open(f"/proc/{pid}/smaps_rollup") as handle:
+        total = 0
+        for line in handle:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="torchport-bench-"))
@@ -66,80 +97,126 @@ def main() -> None:
 
     from worker.sandbox import SandboxJob, SandboxRunner, SandboxSettings
 
-    sandboxed: dict[str, list[float]] = {}
-    with SandboxRunner(SandboxSettings(work_root=root / "work")) as runner:
-        worker_rss = rss_mb()
-        assert runner.zygote_pid is not None
-        zygote_rss = rss_mb(runner.zygote_pid)
-        layers: list[str] = []
-        for name, path in files.items():
-            times: list[float] = []
-            for run in range(args.runs + 1):
-                job_dir = root / f"sandboxed-{len(times)}-{run}-{path.stem}"
-                started = time.perf_counter()
-                result = runner.run(
-                    SandboxJob(model=path, inputs=None, weights=None, options={}, job_dir=job_dir)
-                )
-                elapsed = time.perf_counter() - started
-                assert result.report.status == "succeeded", result.error
-                assert result.report.sandbox is not None
-                layers = result.report.sandbox.layers
-                if run:  # the first job warms the page cache for this model's files
-                    times.append(elapsed)
-            sandboxed[name] = times
+    runner = SandboxRunner(SandboxSettings(work_root=root / "work")).start()
+    worker_rss = rss_mb()
+    assert runner.zygote_pid is not None
+    zygote_rss = rss_mb(runner.zygote_pid)
+    assert runner.wait_for_spares(60), "the spares did not get ready"
+    spare_pids = runner.zygote_children()
+    spare_private = [private_mb(pid) for pid in spare_pids]
 
     import torch  # noqa: F401  (only now: the worker side above never imported it)
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from engine import pipeline, roundtrip
     from engine.model import Upload
     from schemas import ExportOptions
+    from worker.sandbox import zygote
 
-    pipeline.warm_up(root / "warm")
+    pipeline.warm_up(root / "warm")  # the zygote's warm-up, in this process
+    (root / "warm-full").mkdir()
+    zygote._warm_full_pipeline(root / "warm-full")
+    after_warm_up = dict(FakeTensorMode.cache)
+    gc.collect()
+    gc.freeze()  # as the zygote does: collections never walk the warm-up's heap
+    layers: list[str] = []
+    counter = iter(range(1 << 30))
 
-    warm: dict[str, list[float]] = {}
-    for name, path in files.items():
-        times = []
+    def sandboxed(path: Path, want_spare: bool) -> float:
+        nonlocal layers
+        job_dir = root / f"sandboxed-{next(counter)}"
+        started = time.perf_counter()
+        result = runner.run(
+            SandboxJob(model=path, inputs=None, weights=None, options={}, job_dir=job_dir)
+        )
+        elapsed = time.perf_counter() - started
+        assert result.report.status == "succeeded", result.error
+        assert result.report.sandbox is not None
+        assert result.report.sandbox.details["spare"] is want_spare
+        layers = result.report.sandbox.layers
+        return elapsed
+
+    def in_process(path: Path, reset: bool) -> float:
+        if reset:
+            FakeTensorMode.cache.clear()
+            FakeTensorMode.cache.update(after_warm_up)
+        out = root / f"warm-{next(counter)}"
+        started = time.perf_counter()
+        exported = pipeline.run_export(
+            pipeline.ExportRequest(
+                upload=Upload(model=path),
+                options=ExportOptions(),
+                out_dir=out / "out",
+                work_dir=out / "work",
+            ),
+            roundtrip_runner=roundtrip.run_in_process,
+        )
+        elapsed = time.perf_counter() - started
+        assert exported.report.status == "succeeded", exported.report.error
+        return elapsed
+
+    kinds = ("idle", "back_to_back", "same_work", "repeated")
+    times: dict[str, dict[str, list[float]]] = {
+        name: {kind: [] for kind in kinds} for name in files
+    }
+    try:
         for run in range(args.runs + 1):
-            out = root / f"warm-{run}-{path.stem}"
-            started = time.perf_counter()
-            exported = pipeline.run_export(
-                pipeline.ExportRequest(
-                    upload=Upload(model=path),
-                    options=ExportOptions(),
-                    out_dir=out / "out",
-                    work_dir=out / "work",
-                ),
-                roundtrip_runner=roundtrip.run_in_process,
-            )
-            elapsed = time.perf_counter() - started
-            assert exported.report.status == "succeeded", exported.report.error
-            if run:
-                times.append(elapsed)
-        warm[name] = times
+            for name, path in files.items():
+                assert runner.wait_for_spares(60)
+                idle = sandboxed(path, want_spare=True)
+                back = sandboxed(path, want_spare=False)
+                assert runner.wait_for_spares(60)  # nothing else runs while in-process runs
+                same_work = in_process(path, reset=True)
+                repeated = in_process(path, reset=False)  # right after: this model is cached
+                if run:  # the first round warms the page cache for each model's files
+                    values = (idle, back, same_work, repeated)
+                    for kind, value in zip(kinds, values, strict=True):
+                        times[name][kind].append(value)
+    finally:
+        runner.close()
 
     rows = []
     for name in files:
-        s, w = statistics.median(sandboxed[name]), statistics.median(warm[name])
-        rows.append({"model": name, "sandboxed_s": s, "warm_s": w, "overhead_ms": (s - w) * 1000})
+        med = {kind: statistics.median(times[name][kind]) for kind in kinds}
+        rows.append(
+            {
+                "model": name,
+                **{f"{kind}_s": value for kind, value in med.items()},
+                "overhead_idle_ms": (med["idle"] - med["same_work"]) * 1000,
+                "overhead_back_to_back_ms": (med["back_to_back"] - med["same_work"]) * 1000,
+                "overhead_idle_vs_repeated_ms": (med["idle"] - med["repeated"]) * 1000,
+            }
+        )
     print(f"layers: {', '.join(layers)}; runs per cell: {args.runs} (median)")
-    print("| model | sandboxed job (s) | warm in-process (s) | overhead (ms) |")
-    print("| --- | ---: | ---: | ---: |")
+    print(
+        "| model | warm in-process, same work (s) | sandboxed, idle worker (s) "
+        "| **overhead** (ms) | sandboxed, back to back (s) | overhead (ms) "
+        "| warm in-process, same model repeated (s) | idle overhead vs repeated (ms) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
-            f"| {row['model']} | {row['sandboxed_s']:.3f} | {row['warm_s']:.3f} | "
-            f"{row['overhead_ms']:.0f} |"
+            f"| {row['model']} | {row['same_work_s']:.3f} | {row['idle_s']:.3f} | "
+            f"**{row['overhead_idle_ms']:.0f}** | {row['back_to_back_s']:.3f} | "
+            f"{row['overhead_back_to_back_ms']:.0f} | {row['repeated_s']:.3f} | "
+            f"{row['overhead_idle_vs_repeated_ms']:.0f} |"
         )
-    print(f"zygote RSS: {zygote_rss:.0f} MB; idle worker RSS (runner started): {worker_rss:.0f} MB")
+    print(f"fake-tensor cache entries after the warm-up: {len(after_warm_up)}")
+    print(
+        f"zygote RSS: {zygote_rss:.0f} MB; ready spares' private memory: "
+        + ", ".join(f"{mb:.0f} MB" for mb in spare_private)
+        + f"; idle worker RSS (runner started): {worker_rss:.0f} MB"
+    )
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "rows": rows,
                     "zygote_rss_mb": zygote_rss,
+                    "spare_private_mb": spare_private,
                     "worker_rss_mb": worker_rss,
                     "layers": layers,
-                    "sandboxed": sandboxed,
-                    "warm": warm,
+                    "times": times,
                 },
                 indent=2,
             )

@@ -91,6 +91,7 @@ class WorkerContext:
                     max_memory_mb=self.settings.sandbox_max_memory_mb,
                     max_timeout_s=self.settings.sandbox_max_timeout_s,
                     allow_without_landlock=self.settings.sandbox_allow_without_landlock,
+                    spares=self.settings.sandbox_spares,
                     # A worker consuming the gpu queue confines its CUDA jobs for the GPU.
                     gpu="gpu" in self.settings.queue_list,
                     cuda_visible_devices=self.settings.cuda_visible_devices,

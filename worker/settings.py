@@ -45,6 +45,12 @@ class WorkerSettings(CommonSettings):
         description="Run jobs on a kernel without Landlock (recorded in each report). Not "
         "needed under gVisor, which is detected; elsewhere the worker refuses to start.",
     )
+    sandbox_spares: bool = Field(
+        default=True,
+        description="Keep a pre-forked, self-warmed spare job child and loader child while "
+        "idle, so a job at an idle worker skips the fork and the cold start (costs their "
+        "private memory, ~70 MB).",
+    )
     sandbox_gpu_library_dirs: list[Path] = Field(
         default_factory=list,
         description="NVIDIA driver library dirs the loader cache lacks (GPU workers only).",

@@ -20,6 +20,7 @@ try:
 except OSError as exc:
     seen["net"] = exc.errno
 seen["pid"] = os.getpid()
+seen["ppid"] = os.getppid()
 
 
 class Model(torch.nn.Module):

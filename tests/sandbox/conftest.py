@@ -30,6 +30,7 @@ CANARY = "canary-" + os.urandom(8).hex()
 SIBLING_CANARY = "sibling-" + os.urandom(8).hex()
 JOB_UID = 65534
 MARGIN_S = 4.0
+SPARE_WAIT_S = 120.0
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Arena:
     sibling_dir: Path
     installed: dict[Path, str]
     zygote_pid: int
+    spares: bool = False
+    """Every job waits for the zygote's spares and must run in one (else: a fresh fork)."""
 
     def targets(self) -> dict[str, object]:
         return {
@@ -126,13 +129,19 @@ class Arena:
         inputs: Path | None = None,
     ) -> tuple[SandboxResult, float, Path]:
         job_dir = Path(tempfile.mkdtemp(dir=self.root))
+        if self.spares:
+            assert self.runner.wait_for_spares(SPARE_WAIT_S), "the spares did not get ready"
         started = time.monotonic()
         result = self.runner.run(
             SandboxJob(
                 model=model, inputs=inputs, weights=None, options=options or {}, job_dir=job_dir
             )
         )
-        return result, time.monotonic() - started, job_dir
+        elapsed = time.monotonic() - started
+        details = result.report.sandbox.details if result.report.sandbox else {}
+        if "spare" in details:  # the job reached the sandbox
+            assert details["spare"] is self.spares
+        return result, elapsed, job_dir
 
 
 def job_processes(uid: int = JOB_UID) -> list[int]:
@@ -156,7 +165,31 @@ def digest(path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def arena() -> Iterator[Arena]:
+def fresh_arena() -> Iterator[Arena]:
+    """Jobs in fresh forks of the zygote (spares off)."""
+    yield from _arena(spares=False)
+
+
+@pytest.fixture
+def arena(fresh_arena: Arena) -> Arena:
+    return fresh_arena
+
+
+@pytest.fixture(scope="session")
+def spare_arena() -> Iterator[Arena]:
+    """Jobs handed to the zygote's pre-forked, self-warmed spares."""
+    yield from _arena(spares=True)
+
+
+@pytest.fixture(params=["fresh", "spare"])
+def each_arena(request: pytest.FixtureRequest) -> Arena:
+    """Both ways a job child comes to be: the same tests must hold for each."""
+    name = "fresh_arena" if request.param == "fresh" else "spare_arena"
+    arena: Arena = request.getfixturevalue(name)
+    return arena
+
+
+def _arena(spares: bool) -> Iterator[Arena]:
     root = Path(tempfile.mkdtemp(prefix="torchport-hostile-"))
     os.chmod(root, 0o755)
     secret_file = root / "secret.txt"
@@ -171,7 +204,9 @@ def arena() -> Iterator[Arena]:
     os.chmod(listen_dir, 0o777)
     listeners.start(listen_dir)
     os.environ["TORCHPORT_TEST_CANARY"] = CANARY
-    settings = SandboxSettings(work_root=root / "work", fsize_mb=64, max_log_bytes=256 << 10)
+    settings = SandboxSettings(
+        work_root=root / "work", fsize_mb=64, max_log_bytes=256 << 10, spares=spares
+    )
     runner = SandboxRunner(settings).start()
     sibling = runner.jobs_root / "other-job"
     (sibling / "in").mkdir(parents=True)
@@ -193,6 +228,7 @@ def arena() -> Iterator[Arena]:
         sibling_dir=sibling,
         installed={path: digest(path) for path in installed},
         zygote_pid=runner.zygote_pid,
+        spares=spares,
     )
     runner.close()
     listeners.stop()

@@ -584,5 +584,6 @@ def test_the_cli_gives_only_cuda_jobs_a_gpu_runner() -> None:
     cuda = local_settings({"device": "cuda"}, environ)
     assert cuda.gpu is True and cuda.cuda_visible_devices == ""
     assert cuda.nvidia_visible_devices is None
-    assert local_settings({"device": "cpu"}, environ) == SandboxSettings()
+    assert local_settings({"device": "cpu"}, environ) == SandboxSettings(spares=False)
     assert local_settings({}, environ).gpu is False
+    assert cuda.spares is False  # one job per runner: a spare would only be killed unused

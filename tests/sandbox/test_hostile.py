@@ -21,6 +21,7 @@ from tests.sandbox.conftest import (
     CANARY,
     MARGIN_S,
     SIBLING_CANARY,
+    SPARE_WAIT_S,
     Arena,
     digest,
     job_processes,
@@ -28,6 +29,12 @@ from tests.sandbox.conftest import (
 from worker.sandbox import SandboxResult
 
 TIMEOUT_S = 20.0
+
+
+@pytest.fixture
+def arena(each_arena: Arena) -> Arena:
+    """Every test here runs twice: in a fresh fork and in a pre-warmed spare."""
+    return each_arena
 
 
 def user_visible(result: SandboxResult, job_dir: Path) -> str:
@@ -198,6 +205,8 @@ def test_zip_with_parent_paths_stays_in_its_directory(arena: Arena) -> None:
 def test_cancel_kills_the_job(arena: Arena, code: str) -> None:
     import threading
 
+    if arena.spares:
+        assert arena.runner.wait_for_spares(SPARE_WAIT_S)
     cancel = threading.Event()
     threading.Timer(1.0, cancel.set).start()
     job_dir = arena.root / "cancel-job"

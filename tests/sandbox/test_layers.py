@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.conftest import Arena, fresh_runner, job_processes, supported_layers
+from tests.sandbox.conftest import (
+    SPARE_WAIT_S,
+    Arena,
+    fresh_runner,
+    job_processes,
+    supported_layers,
+)
 from worker.sandbox import SandboxJob, SandboxUnavailable, layers
 
 
@@ -33,7 +39,8 @@ def probe(arena_or_runner: object, model: Path, job_dir: Path) -> tuple[dict, li
     return json.loads(found.group(1)), result.report.sandbox.layers
 
 
-def test_every_supported_layer_is_in_force(arena: Arena) -> None:
+def test_every_supported_layer_is_in_force(each_arena: Arena) -> None:
+    arena = each_arena
     result, _, _ = arena.run(arena.model("benign"))
     assert result.report.status == "succeeded"
     assert result.report.sandbox is not None
@@ -43,7 +50,8 @@ def test_every_supported_layer_is_in_force(arena: Arena) -> None:
     assert set(arena.runner.expected_layers()) <= in_force
 
 
-def test_layers_by_effect(arena: Arena) -> None:
+def test_layers_by_effect(each_arena: Arena) -> None:
+    arena = each_arena
     seen, in_force = probe(arena, arena.model("probe"), arena.root / "probe-job")
     assert seen["socket"] == errno.EPERM  # seccomp
     if "landlock" in in_force:
@@ -53,7 +61,10 @@ def test_layers_by_effect(arena: Arena) -> None:
     if "bwrap" in in_force:
         assert seen["etc_exists"] is False
         assert seen["net"] in (errno.ENOENT, errno.EACCES, ["lo"])
-        assert seen["pid"] < 100  # its own pid namespace
+        # Its own pid namespace: the job's parent (the zygote) has a pid there that is
+        # not the zygote's pid out here (bwrap is 1 there, the zygote its first child).
+        assert seen["ppid"] != arena.runner.zygote_pid
+        assert seen["ppid"] < 10
     assert seen["outside_read"] != arena.secret_file.read_text()[:20]
 
 
@@ -83,18 +94,22 @@ def test_without_bwrap_the_inner_layers_still_hold(arena: Arena) -> None:
     assert job_processes() == []
 
 
-def test_a_job_that_cannot_be_locked_down_is_refused(arena: Arena) -> None:
+@pytest.mark.parametrize("spare", [False, True], ids=["fresh", "spare"])
+def test_a_job_that_cannot_be_locked_down_is_refused(arena: Arena, spare: bool) -> None:
     if os.geteuid() != 0:
         pytest.fail("this check drops from root; CI runs as root")
     marker = arena.marker_dir / "unconfined"
     model = arena.root / "refused.py"
     model.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    with fresh_runner(uid=0, gid=0, use_bwrap=False) as runner:
+    with fresh_runner(uid=0, gid=0, use_bwrap=False, spares=spare) as runner:
+        assert runner.wait_for_spares(SPARE_WAIT_S) is spare
         result = runner.run(
             SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=arena.root / "r")
         )
     assert result.error is not None
     assert result.error.code == "sandbox_violation"
+    assert result.report.sandbox is not None
+    assert result.report.sandbox.details["spare"] is spare
     assert not marker.exists()
 
 
@@ -127,6 +142,9 @@ def test_zygote_is_restarted_after_it_dies(arena: Arena) -> None:
     with fresh_runner() as runner:
         first = runner.zygote_pid
         assert first is not None
+        assert runner.wait_for_spares(SPARE_WAIT_S)
+        spares = runner.zygote_children()
+        assert len(spares) == 2
         os.kill(first, 9)
         deadline = time.monotonic() + 5
         stat = Path(f"/proc/{first}/stat")
@@ -146,6 +164,8 @@ def test_zygote_is_restarted_after_it_dies(arena: Arena) -> None:
         assert result.report.status == "succeeded", result.error
         assert runner.restarts == 1
         assert runner.zygote_pid != first
+        # The idle spares died with their zygote (PR_SET_PDEATHSIG; bwrap's pid namespace).
+        assert [pid for pid in spares if os.path.exists(f"/proc/{pid}")] == []
 
 
 def test_invalid_options_never_reach_the_sandbox(arena: Arena) -> None:

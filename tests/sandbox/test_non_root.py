@@ -24,16 +24,21 @@ from worker.sandbox import SandboxJob, SandboxRunner, SandboxSettings
 work, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
 out = {"uid": __import__("os").getuid(), "jobs": {}}
 with SandboxRunner(SandboxSettings(work_root=work)) as runner:
-    for name, model in jobs.items():
-        job_dir = work.parent / ("job-" + name)
-        result = runner.run(SandboxJob(model=Path(model), inputs=None, weights=None,
-                                       options={}, job_dir=job_dir))
-        out["jobs"][name] = {
-            "status": result.report.status,
-            "code": result.error.code if result.error else None,
-            "layers": result.report.sandbox.layers if result.report.sandbox else [],
-            "returned": result.report.model_dump_json() + result.stdout_tail,
-        }
+    # Each job twice: handed to a ready spare, then at once again (a fresh fork).
+    for mode in ("spare", "fresh"):
+        for name, model in jobs.items():
+            if mode == "spare":
+                assert runner.wait_for_spares(120)
+            job_dir = work.parent / ("job-" + mode + "-" + name)
+            result = runner.run(SandboxJob(model=Path(model), inputs=None, weights=None,
+                                           options={}, job_dir=job_dir))
+            out["jobs"][mode + "-" + name] = {
+                "status": result.report.status,
+                "code": result.error.code if result.error else None,
+                "layers": result.report.sandbox.layers if result.report.sandbox else [],
+                "spare": result.report.sandbox.details.get("spare"),
+                "returned": result.report.model_dump_json() + result.stdout_tail,
+            }
 print(json.dumps(out))
 """
 
@@ -64,12 +69,15 @@ def test_a_non_root_worker_still_confines_jobs(arena: Arena, tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.splitlines()[-1])
     assert seen["uid"] == 65534
-    for job in seen["jobs"].values():
+    assert len(seen["jobs"]) == 2 * len(jobs)
+    for key, job in seen["jobs"].items():
         assert {"landlock", "seccomp", "rlimits", "no_new_privs"} <= set(job["layers"])
         assert "uid" not in job["layers"]
         assert CANARY not in job["returned"]
-    assert seen["jobs"]["network"]["code"] == "sandbox_violation"
+        assert job["spare"] is key.startswith("spare-")
+    for mode in ("spare", "fresh"):
+        assert seen["jobs"][f"{mode}-network"]["code"] == "sandbox_violation"
+        assert seen["jobs"][f"{mode}-exec"]["status"] == "succeeded"
+        assert seen["jobs"][f"{mode}-benign"]["status"] == "succeeded"
     assert arena.listeners.received == []
-    assert seen["jobs"]["exec"]["status"] == "succeeded"
     assert sorted(os.listdir(arena.marker_dir)) == []
-    assert seen["jobs"]["benign"]["status"] == "succeeded"

@@ -75,7 +75,12 @@ def write_progress(line: dict[str, Any]) -> None:
 
 def request_roundtrip(pt2: Path, payload: Path) -> dict[str, Any]:
     """Ask the zygote to load `pt2` in a fresh locked-down child; its answer, as a dict."""
-    request = json.dumps({"pt2": str(pt2), "payload": str(payload)}) + "\n"
+    import torch
+
+    # The loader runs the program with this process's thread count, as the payload's
+    # expected outputs were computed (a reduction split differently may round differently).
+    threads = torch.get_num_threads()
+    request = json.dumps({"pt2": str(pt2), "payload": str(payload), "threads": threads}) + "\n"
     os.write(ROUNDTRIP_REQUEST_FD, request.encode())
     answer = b""
     while not answer.endswith(b"\n") and len(answer) < MAX_ANSWER:

@@ -67,6 +67,10 @@ class _Watch:
     lockdown: dict[str, Any] | None = None
     refused: tuple[str, str] | None = None
     bad_lines: int = 0
+    spare: bool = False
+    """The job ran in a pre-forked, self-warmed spare child rather than a fresh fork."""
+    roundtrips: dict[str, int] | None = None
+    """Round trips the zygote ran for the job: how many, how many in a spare loader."""
 
 
 class _Zygote:
@@ -98,6 +102,8 @@ class _Zygote:
         self.watches: dict[str, _Watch] = {}
         self.alive = True
         self.hello: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.spares = threading.Condition()
+        self.spares_ready: tuple[str, ...] = ()
         protocol.send(self.sock, {"op": "config", **config})
         self.reader = threading.Thread(target=self._read, name="sandbox-zygote", daemon=True)
         self.reader.start()
@@ -125,10 +131,18 @@ class _Zygote:
             if message.get("op") == "hello":
                 self.hello.put(message)
                 continue
+            if message.get("op") == "spares":
+                with self.spares:
+                    self.spares_ready = tuple(str(k) for k in message.get("ready") or ())
+                    self.spares.notify_all()
+                continue
             watch = self.watches.get(str(message.get("id")))
             if watch is not None:
                 watch.messages.put(message)
         self.alive = False
+        with self.spares:
+            self.spares_ready = ()
+            self.spares.notify_all()
         self.hello.put({"op": "dead"})
         for watch in list(self.watches.values()):
             watch.messages.put({"op": "dead"})
@@ -268,6 +282,25 @@ class SandboxRunner:
         """The layers this host supports (after `start()`)."""
         return self._host
 
+    def wait_for_spares(self, timeout: float) -> bool:
+        """Wait until the zygote's spare job child and loader child are warm and ready
+        (the state of a worker that has been idle for a second or so); False when spares
+        are off or did not get ready in time. For benchmarks and tests."""
+        zygote = self._zygote
+        if zygote is None or not zygote.info.get("spares"):
+            return False
+        wanted = {"job", "loader"}
+        with zygote.spares:
+            return zygote.spares.wait_for(
+                lambda: wanted <= set(zygote.spares_ready) or not zygote.alive, timeout
+            ) and wanted <= set(zygote.spares_ready)
+
+    def zygote_children(self) -> list[int]:
+        """The zygote's live children as this process sees them (its spares, while no job
+        runs); empty without a zygote."""
+        pid = self.zygote_pid
+        return _children(pid) if pid is not None else []
+
     @property
     def zygote_pid(self) -> int | None:
         """The zygote's pid as this process sees it."""
@@ -335,6 +368,7 @@ class SandboxRunner:
             "gid": ids[1] if ids else None,
             "landlock": self._host.landlock_abi > 0,
             "warm_up": self.settings.warm_up,
+            "spares": self.settings.spares,
             "warm_dir": str(self.jobs_root / ".warm"),
             "gpu": self._gpu.to_json() if self._gpu is not None else None,
         }
@@ -490,6 +524,8 @@ class SandboxRunner:
         error = _error_for(verdict, exit_info, watch, timeout, options.memory_mb)
         details: dict[str, Any] = {
             "in_force": watch.lockdown or {},
+            "spare": watch.spare,
+            "roundtrips": watch.roundtrips,
             "exit": exit_info,
             "zygote_restarts": self.restarts,
         }
@@ -520,7 +556,13 @@ class SandboxRunner:
                 op = message.get("op")
                 if op == "started":
                     outer = zygote.inner_to_outer(int(message["pid"]))
+                    watch.spare = bool(message.get("spare"))
+                    # A spare's warm-up left it this much more resident than the zygote.
+                    memory_bytes += max(0, int(message.get("extra_rss_mb") or 0)) << 20
                 elif op == "exited":
+                    trips = message.get("roundtrips")
+                    if isinstance(trips, dict):
+                        watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
                     return verdict, {"code": message.get("code"), "signal": message.get("signal")}
                 elif op == "dead":
                     return verdict or "zygote_died", {}

@@ -48,6 +48,10 @@ class SandboxSettings:
     max_progress_line: int = 1 << 14
     start_timeout_s: float = 180
     warm_up: bool = True
+    spares: bool = True
+    """Keep a pre-forked, self-warmed spare job child and loader child while idle (zygote.py):
+    a CPU job arriving at an idle worker skips the fork and the cold start. Costs the
+    spares' private memory; off for one-shot runs (`torchport export`)."""
     python: str | None = None
     """Interpreter for the zygote; this one by default."""
     kill_grace_s: float = 5.0
@@ -82,8 +86,9 @@ def local_settings(options: Mapping[str, Any], environ: Mapping[str, str]) -> Sa
     shell): a CUDA job gets a GPU runner pinned as that shell pins its GPUs; nothing
     else of `environ` is used."""
     if options.get("device") != "cuda":
-        return SandboxSettings()
+        return SandboxSettings(spares=False)
     return SandboxSettings(
+        spares=False,
         gpu=True,
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES"),

@@ -1,0 +1,81 @@
+"""The zygote's spares: a pre-forked child that warmed itself up while the worker was
+idle and is handed the next job (zygote.py). Their confinement is checked by running
+the hostile suite and the layer probes through them (`each_arena`); here: their life.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from tests.sandbox.conftest import SPARE_WAIT_S, Arena, fresh_runner
+from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner
+
+
+def test_a_job_at_an_idle_worker_runs_in_a_warm_spare(spare_arena: Arena) -> None:
+    result, _, _ = spare_arena.run(spare_arena.model("benign"))
+    assert result.report.status == "succeeded", result.error
+    assert result.report.sandbox is not None
+    details = result.report.sandbox.details
+    assert details["spare"] is True
+    # The round trip was handed to the spare loader, also locked down before it loaded.
+    assert details["roundtrips"] == {"loaders": 1, "in_spares": 1}
+    assert result.report.verification is not None
+    assert result.report.verification.roundtrip is not None
+    assert result.report.verification.roundtrip.status == "passed"
+
+
+def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
+    runner = spare_arena.runner
+    first, _, _ = spare_arena.run(spare_arena.model("benign"))  # waits, runs in the spare
+    assert first.report.sandbox is not None and first.report.sandbox.details["spare"] is True
+    # The next job comes at once: the new spares are still warming, so they are killed
+    # and the job gets a fresh fork (with a fresh loader).
+    job_dir = spare_arena.root / "back-to-back"
+    second = runner.run(
+        SandboxJob(
+            model=spare_arena.model("benign"),
+            inputs=None,
+            weights=None,
+            options={},
+            job_dir=job_dir,
+        )
+    )
+    assert second.report.status == "succeeded", second.error
+    assert second.report.sandbox is not None
+    assert second.report.sandbox.details["spare"] is False
+    assert second.report.sandbox.details["roundtrips"] == {"loaders": 1, "in_spares": 0}
+    # Killed spares were reaped, and exactly one of each kind is made again.
+    assert runner.wait_for_spares(SPARE_WAIT_S)
+    assert len(runner.zygote_children()) == 2
+
+
+def test_spares_that_keep_dying_are_given_up_and_jobs_still_run(arena: Arena) -> None:
+    with fresh_runner() as runner:
+        assert runner.wait_for_spares(SPARE_WAIT_S)
+        assert runner.work_root is not None
+        # A job spare warms up in the zygote's warm-up directory; without it, every new
+        # one dies at once.
+        shutil.rmtree(runner.jobs_root / ".warm")
+        first = _run(runner, arena, "first")  # uses the ready spare
+        assert first.report.status == "succeeded", first.error
+        log = runner.work_root / "zygote.log"
+        deadline = time.monotonic() + 30
+        while "jobs get fresh forks from now on" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, "the zygote kept making spares that die"
+            time.sleep(0.1)
+        assert runner.wait_for_spares(1.0) is False
+        second = _run(runner, arena, "second")
+        assert second.report.status == "succeeded", second.error
+        assert second.report.sandbox is not None
+        assert second.report.sandbox.details["spare"] is False
+        assert runner.restarts == 0
+
+
+def _run(runner: SandboxRunner, arena: Arena, name: str) -> SandboxResult:
+    job_dir = arena.root / f"dying-spares-{name}-{os.getpid()}"
+    job = SandboxJob(
+        model=arena.model("benign"), inputs=None, weights=None, options={}, job_dir=job_dir
+    )
+    return runner.run(job)
