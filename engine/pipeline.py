@@ -51,6 +51,7 @@ from schemas import (
 
 ProgressCallback = Callable[[Progress], None]
 RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
+RoundtripPrefetch = Callable[[Path], None]
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ def run_export(
     *,
     progress: ProgressCallback | None = None,
     roundtrip_runner: RoundtripRunner | None = None,
+    roundtrip_prefetch: RoundtripPrefetch | None = None,
 ) -> ExportResult:
     """Export the uploaded model; the report says how it went, whatever happened.
 
@@ -131,6 +133,9 @@ def run_export(
         progress: called at the start and end of every stage.
         roundtrip_runner: loads the saved program in a fresh torch-only process and
             runs it; defaults to a subprocess. The sandbox passes its own.
+        roundtrip_prefetch: told the program's path as soon as it is saved, before the
+            graph and signature documents and the payload are written, so that a loader
+            in another process can load it meanwhile (the sandbox's does); optional.
     """
     started = time.perf_counter()
     request.out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +149,12 @@ def run_export(
             # from the registry; "always" or message filters cost ~15% on big graphs.
             warnings.simplefilter("default")
             try:
-                _export(run, artifacts, roundtrip_runner or roundtrip.run_in_subprocess)
+                _export(
+                    run,
+                    artifacts,
+                    roundtrip_runner or roundtrip.run_in_subprocess,
+                    roundtrip_prefetch,
+                )
             finally:
                 run.warnings.extend(_torch_warnings(caught, run.source_map))
     except ExportError as exc:
@@ -178,7 +188,12 @@ def run_export(
     return ExportResult(report=report, artifacts=artifacts)
 
 
-def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRunner) -> None:
+def _export(
+    run: _Run,
+    artifacts: dict[str, Path],
+    roundtrip_runner: RoundtripRunner,
+    roundtrip_prefetch: RoundtripPrefetch | None = None,
+) -> None:
     request, options = run.request, run.request.options
     reference = options.verify.enabled
     with run.step("loading", "importing the uploaded module"):
@@ -262,6 +277,9 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
                 details={"exception": type(exc).__name__},
             ) from exc
         artifacts[PROGRAM] = program
+        roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
+        if roundtrip_wanted and roundtrip_prefetch is not None:
+            roundtrip_prefetch(program)
         _write_json(
             request.out_dir / GRAPH, documents.graph_document(ep, loaded.source_map), artifacts
         )
@@ -273,7 +291,7 @@ def _export(run: _Run, artifacts: dict[str, Path], roundtrip_runner: RoundtripRu
             portability=made.mapping,
         )
         _write_json(request.out_dir / SIGNATURE, signature, artifacts)
-        if options.verify.enabled and options.verify.roundtrip:
+        if roundtrip_wanted:
             _check_roundtrip(run, ep, loaded, program, roundtrip_runner)
 
 

@@ -30,7 +30,16 @@ import torch.utils._pytree as pytree
 if TYPE_CHECKING:
     from schemas import RoundtripCheck
 
-__all__ = ["check_saved", "flatten_with_paths", "main", "run_in_subprocess", "write_payload"]
+__all__ = [
+    "LoadedProgram",
+    "check_saved",
+    "flatten_with_paths",
+    "load_saved",
+    "main",
+    "run_in_subprocess",
+    "run_loaded",
+    "write_payload",
+]
 
 _PAYLOAD_VERSION = 2
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -68,19 +77,23 @@ def check_saved(
     Returns a dict with the fields of `schemas.RoundtripCheck` (without `loader`).
     A failure to load or run is reported in the dict, never raised.
     """
+    return run_loaded(load_saved(pt2_path), payload_path)
+
+
+class LoadedProgram:
+    """The first half of `check_saved`: the program loaded (or why it did not load)."""
+
+    def __init__(self, module: Any, in_spec: Any, failure: str | None, duration_s: float):
+        self.module = module
+        self.in_spec = in_spec
+        self.failure = failure
+        self.duration_s = duration_s
+
+
+def load_saved(pt2_path: str | os.PathLike[str]) -> LoadedProgram:
+    """Load a saved program and build its module, before the payload exists: a loader
+    that is handed the program early does this while the exporter writes the payload."""
     started = time.perf_counter()
-
-    def result(status: str, **fields: Any) -> dict[str, Any]:
-        fields.setdefault("bitwise_equal", None)
-        fields.setdefault("reason", None)
-        fields.setdefault("outputs", [])
-        return {"status": status, "duration_s": time.perf_counter() - started, **fields}
-
-    try:
-        payload = torch.load(os.fspath(payload_path), weights_only=True)
-    except Exception as exc:
-        return result("failed", reason=f"payload unreadable: {_describe(exc)}")
-
     captured = _CapturedErrors()
     export_log = logging.getLogger("torch.export")
     export_log.addHandler(captured)
@@ -89,14 +102,41 @@ def check_saved(
     except Exception as exc:
         # torch.export.load logs the real cause and raises a generic RuntimeError.
         cause = captured.first or exc
-        return result("failed", reason=f"load failed: {_describe(cause)}")
+        failure = f"load failed: {_describe(cause)}"
+        return LoadedProgram(None, None, failure, time.perf_counter() - started)
     finally:
         export_log.removeHandler(captured)
+    try:
+        module = ep.module()
+    except Exception as exc:
+        failure = f"run failed: {_describe(exc)}"
+        return LoadedProgram(None, None, failure, time.perf_counter() - started)
+    return LoadedProgram(module, ep.call_spec.in_spec, None, time.perf_counter() - started)
+
+
+def run_loaded(loaded: LoadedProgram, payload_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The second half of `check_saved`: run the loaded program on the payload's inputs
+    and compare bit for bit. `duration_s` counts both halves, not the wait between."""
+    started = time.perf_counter()
+
+    def result(status: str, **fields: Any) -> dict[str, Any]:
+        fields.setdefault("bitwise_equal", None)
+        fields.setdefault("reason", None)
+        fields.setdefault("outputs", [])
+        duration = loaded.duration_s + time.perf_counter() - started
+        return {"status": status, "duration_s": duration, **fields}
 
     try:
-        args, kwargs = pytree.tree_unflatten(payload["inputs"], ep.call_spec.in_spec)
+        payload = torch.load(os.fspath(payload_path), weights_only=True)
+    except Exception as exc:
+        return result("failed", reason=f"payload unreadable: {_describe(exc)}")
+    if loaded.failure is not None:
+        return result("failed", reason=loaded.failure)
+
+    try:
+        args, kwargs = pytree.tree_unflatten(payload["inputs"], loaded.in_spec)
         with torch.no_grad():
-            actual = ep.module()(*args, **kwargs)
+            actual = loaded.module(*args, **kwargs)
     except Exception as exc:
         return result("failed", reason=f"run failed: {_describe(exc)}")
 

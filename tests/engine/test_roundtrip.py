@@ -194,3 +194,58 @@ def test_a_hung_loader_is_stopped(affine: tuple[Path, Path, Any]) -> None:
     check = roundtrip.run_in_subprocess(pt2, payload, timeout_s=0.01)
     assert check.status == "failed"
     assert check.bitwise_equal is None
+
+
+def test_loading_first_and_running_later_is_the_same_check(
+    affine: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
+    pt2, payload, _ = affine
+    loaded = roundtrip.load_saved(pt2)  # before the payload exists, in the sandbox
+    assert loaded.failure is None
+    split = roundtrip.run_loaded(loaded, payload)
+    whole = roundtrip.check_saved(pt2, payload)
+    for result in (split, whole):
+        result.pop("duration_s")
+    assert split == whole
+    assert split["status"] == "passed"
+
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"not a zip")
+    failed = roundtrip.run_loaded(roundtrip.load_saved(broken), payload)
+    assert failed["status"] == "failed"
+    assert failed["reason"].startswith("load failed:")
+    missing = roundtrip.run_loaded(roundtrip.load_saved(pt2), tmp_path / "no-payload.pt")
+    assert missing["reason"].startswith("payload unreadable:")
+
+
+def test_the_pipeline_announces_the_saved_program_before_the_round_trip(tmp_path: Path) -> None:
+    from engine import pipeline
+    from engine.model import Upload
+    from schemas import ExportOptions
+
+    model = tmp_path / "model.py"
+    model.write_text(
+        "import torch\nmodel = torch.nn.Linear(2, 2)\nexample_args = (torch.ones(1, 2),)\n"
+    )
+    events: list[tuple[str, bool]] = []
+
+    def prefetch(program: Path) -> None:
+        events.append(("prefetch", program.is_file()))
+
+    def runner(program: Path, payload: Path) -> Any:
+        events.append(("run", payload.is_file()))
+        return roundtrip.run_in_process(program, payload)
+
+    def export(options: ExportOptions, name: str) -> Any:
+        request = pipeline.ExportRequest(
+            Upload(model), options, tmp_path / name / "out", tmp_path / name / "work"
+        )
+        return pipeline.run_export(request, roundtrip_runner=runner, roundtrip_prefetch=prefetch)
+
+    result = export(ExportOptions(), "with")
+    assert result.report.status == "succeeded"
+    assert events == [("prefetch", True), ("run", True)]
+    events.clear()
+    off = ExportOptions.model_validate({"verify": {"roundtrip": False}})
+    assert export(off, "without").report.status == "succeeded"
+    assert events == []

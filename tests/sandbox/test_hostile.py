@@ -9,8 +9,10 @@ next benign job succeeds, and the job took no longer than its timeout allows.
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
+import re
 import time
 import zipfile
 from pathlib import Path
@@ -95,6 +97,20 @@ def test_exec_of_a_shell_is_refused(arena: Arena) -> None:
     assert result.report.status == "succeeded"
     codes = [w.code for w in result.report.warnings]
     assert "sandbox_denied" in codes
+
+
+def test_round_trip_pipes_answer_only_refusals(arena: Arena) -> None:
+    result, job_dir = run_hostile(arena, "roundtrip")
+    assert result.error is not None  # it raised, or the zygote killed it for the long line
+    log = (job_dir / "sandbox.log").read_text(errors="replace")
+    found = re.search(r"ANSWERS(\[.*?\])ANSWERS", log)
+    assert found is not None, (result.error, len(log), log[:3000])
+    *statuses, first_reason, last_reason = json.loads(found.group(1))
+    assert statuses == ["failed"] * 6
+    assert first_reason == "no loader for this payload"
+    assert last_reason == "too many round-trip requests"
+    assert result.report.sandbox is not None
+    assert result.report.sandbox.details["roundtrips"]["loaders"] == 4  # MAX_ROUNDTRIPS
 
 
 def test_fork_bomb_and_daemon_leave_nothing(arena: Arena) -> None:

@@ -5,6 +5,8 @@ zygote and their answers back).
 File descriptors of a job child (set up by the zygote before lockdown):
 0 /dev/null, 1 and 2 the job's output pipe, 3 progress (JSON lines to the worker),
 4 round-trip requests (to the zygote), 5 round-trip answers (from the zygote).
+A loader child has 3 (its one-line answer, to the zygote) and 4 (the payload's path,
+from the zygote, once the job has written it).
 """
 
 from __future__ import annotations
@@ -73,28 +75,49 @@ def write_progress(line: dict[str, Any]) -> None:
         os.write(PROGRESS_FD, data)
 
 
-def request_roundtrip(pt2: Path, payload: Path) -> dict[str, Any]:
-    """Ask the zygote to load `pt2` in a fresh locked-down child; its answer, as a dict."""
-    import torch
+class RoundtripRequests:
+    """Round trips through the zygote: `prefetch` asks for a loader as soon as the
+    program is saved (it loads the program while this process writes the documents and
+    the payload); calling the object sends the payload's path and waits for the answer.
 
-    # The loader runs the program with this process's thread count, as the payload's
-    # expected outputs were computed (a reduction split differently may round differently).
-    threads = torch.get_num_threads()
-    request = json.dumps({"pt2": str(pt2), "payload": str(payload), "threads": threads}) + "\n"
-    os.write(ROUNDTRIP_REQUEST_FD, request.encode())
-    answer = b""
-    while not answer.endswith(b"\n") and len(answer) < MAX_ANSWER:
-        chunk = os.read(ROUNDTRIP_ANSWER_FD, 1 << 16)
-        if not chunk:
-            break
-        answer += chunk
-    try:
-        parsed = json.loads(answer)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        return {"status": "failed", "reason": "the sandboxed loader gave no answer"}
-    return parsed
+    Request lines on fd 4: `{"pt2", "threads"}` starts a loader, `{"payload"}` hands it
+    the payload (both in one line does both). One JSON line comes back on fd 5.
+    """
+
+    def __init__(self) -> None:
+        self.prefetched: Path | None = None
+
+    def prefetch(self, pt2: Path) -> None:
+        import torch
+
+        # The loader runs the program with this process's thread count, as the payload's
+        # expected outputs were computed (a reduction split differently may round
+        # differently).
+        self._send({"pt2": str(pt2), "threads": torch.get_num_threads()})
+        self.prefetched = pt2
+
+    def __call__(self, pt2: Path, payload: Path) -> dict[str, Any]:
+        if self.prefetched != pt2:
+            self.prefetch(pt2)
+        self.prefetched = None
+        self._send({"payload": str(payload)})
+        answer = b""
+        while not answer.endswith(b"\n") and len(answer) < MAX_ANSWER:
+            chunk = os.read(ROUNDTRIP_ANSWER_FD, 1 << 16)
+            if not chunk:
+                break
+            answer += chunk
+        try:
+            parsed = json.loads(answer)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return {"status": "failed", "reason": "the sandboxed loader gave no answer"}
+        return parsed
+
+    @staticmethod
+    def _send(request: dict[str, Any]) -> None:
+        os.write(ROUNDTRIP_REQUEST_FD, (json.dumps(request) + "\n").encode())
 
 
 def run_export_job(spec: dict[str, Any]) -> int:
@@ -114,8 +137,10 @@ def run_export_job(spec: dict[str, Any]) -> int:
     attempts = _Attempts([Path(spec["model"]).parent, work_dir])
     sys.addaudithook(attempts.hook)
 
+    requests = RoundtripRequests()
+
     def roundtrip(pt2: Path, payload: Path) -> RoundtripCheck:
-        answer = request_roundtrip(pt2, payload)
+        answer = requests(pt2, payload)
         answer["loader"] = "sandbox"
         try:
             return RoundtripCheck.model_validate(answer)
@@ -140,6 +165,7 @@ def run_export_job(spec: dict[str, Any]) -> int:
             request,
             progress=lambda p: write_progress({"progress": p.model_dump(mode="json")}),
             roundtrip_runner=roundtrip,
+            roundtrip_prefetch=requests.prefetch,
         )
     except MemoryError:
         write_progress({"refused": "out_of_memory", "message": "MemoryError"})

@@ -76,9 +76,11 @@ class _Job:
     loader_spares: int = 0
     loader_pid: int | None = None
     loader_fd: int | None = None
+    loader_in: int | None = None
     loader_out: bytes = b""
     loader_started: float = 0.0
-    loader_answered: bool = False
+    old_loaders: list[int] = field(default_factory=list)
+    """Loaders that answered and were killed, not yet reaped."""
     closed: list[int] = field(default_factory=list)
     gpu: bool = False
 
@@ -337,22 +339,41 @@ class Zygote:
         if len(job.buffer) > MAX_REQUEST:
             _kill_group(job.pid)
             return
-        if b"\n" not in job.buffer:
-            return
-        line, job.buffer = job.buffer.split(b"\n", 1)
-        if job.loader_pid is not None or job.roundtrips >= MAX_ROUNDTRIPS:
-            self._answer(job, {"status": "failed", "reason": "too many round-trip requests"})
-            return
+        while b"\n" in job.buffer:
+            line, job.buffer = job.buffer.split(b"\n", 1)
+            self._on_request_line(job, line)
+
+    def _on_request_line(self, job: _Job, line: bytes) -> None:
+        """`{"pt2", "threads"}` starts a loader on that program; `{"payload"}` hands the
+        running loader its payload (both in one line: both). Anything else: a failed
+        answer. The job is untrusted: its paths reach only a locked-down loader."""
         try:
             request = json.loads(line)
-            pt2, payload = str(request["pt2"]), str(request["payload"])
-            cpus = len(os.sched_getaffinity(0))
-            threads = max(1, min(int(request.get("threads") or cpus), cpus))
-        except (ValueError, KeyError, TypeError, AttributeError):
+            pt2 = request.get("pt2")
+            payload = request.get("payload")
+            if pt2 is not None:
+                cpus = len(os.sched_getaffinity(0))
+                threads = max(1, min(int(request.get("threads") or cpus), cpus))
+        except (ValueError, TypeError, AttributeError):
             self._answer(job, {"status": "failed", "reason": "malformed round-trip request"})
             return
-        job.roundtrips += 1
-        self._fork_loader(job, pt2, payload, threads)
+        if pt2 is None and payload is None:
+            self._answer(job, {"status": "failed", "reason": "malformed round-trip request"})
+            return
+        if pt2 is not None:
+            if job.loader_pid is not None or job.roundtrips >= MAX_ROUNDTRIPS:
+                self._answer(job, {"status": "failed", "reason": "too many round-trip requests"})
+                return
+            job.roundtrips += 1
+            self._fork_loader(job, str(pt2), threads)
+        if payload is not None:
+            if job.loader_in is None:
+                self._answer(job, {"status": "failed", "reason": "no loader for this payload"})
+                return
+            with contextlib.suppress(OSError):
+                os.write(job.loader_in, (json.dumps({"payload": str(payload)}) + "\n").encode())
+            _close(job.loader_in)
+            job.loader_in = None
 
     def _loader_confinement(
         self, dirs: dict[str, str], limits: dict[str, int], gpu: bool
@@ -360,26 +381,29 @@ class Zygote:
         scratch = str(Path(dirs["tmp"]) / "loader")
         return self._confinement({**dirs, "tmp": scratch}, limits, [scratch], gpu)
 
-    def _fork_loader(self, job: _Job, pt2: str, payload: str, threads: int) -> None:
+    def _fork_loader(self, job: _Job, pt2: str, threads: int) -> None:
         """The second child: a fork of this torch-only process loads the program (a ready
-        spare loader when there is one, a fresh fork otherwise)."""
+        spare loader when there is one, a fresh fork otherwise), then waits for the
+        payload's path on its fd 4."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
         job.loader_started = time.perf_counter()
         spare = None if job.gpu else self._take_spare("loader")
-        handed = {"op": "load", "pt2": pt2, "payload": payload, "threads": threads}
+        handed = {"op": "load", "pt2": pt2, "threads": threads}
         handed.update(dirs=job.dirs, limits=job.limits)
-        if spare is not None and self._hand_over(spare, handed, [job.output_fd, out_w]):
+        if spare is not None and self._hand_over(spare, handed, [job.output_fd, out_w, in_r]):
             pid = spare.pid
             job.loader_spares += 1
         else:
             conf = self._loader_confinement(job.dirs, job.limits, job.gpu)
-            conf.keep_fds = {1: job.output_fd, 2: job.output_fd, 3: out_w}
+            conf.keep_fds = {1: job.output_fd, 2: job.output_fd, 3: out_w, 4: in_r}
             pid = os.fork()
             if pid == 0:
-                self._become_child(conf, lambda: _load(pt2, payload, threads), announce=False)
+                self._become_child(conf, lambda: _load(pt2, threads), announce=False)
         os.close(out_w)
+        os.close(in_r)
         job.loader_pid, job.loader_fd, job.loader_out = pid, out_r, b""
-        job.loader_answered = False
+        job.loader_in = in_w
         self.selector.register(out_r, selectors.EVENT_READ, ("loader", job.id))
 
     def _on_loader_output(self, job: _Job) -> None:
@@ -389,18 +413,27 @@ class Zygote:
         except OSError:
             data = b""
         job.loader_out += data
-        if b"\n" in job.loader_out and not job.loader_answered:
+        if b"\n" in job.loader_out or not data or len(job.loader_out) > child.MAX_ANSWER:
             # Answer as soon as the line is complete: the job need not wait for the
-            # loader's exit (it is killed and reaped with the job at the latest).
-            self._answer_from_loader(job, None)
-        if data and len(job.loader_out) <= child.MAX_ANSWER:
-            return
-        self.selector.unregister(job.loader_fd)
-        _close(job.loader_fd)
-        job.loader_fd = None
+            # loader's exit. The loader is done: it is killed now, and reaped later.
+            self._finish_loader(job, None)
+
+    def _finish_loader(self, job: _Job, status: int | None) -> None:
+        """Answer the job from the loader's output (or its death) and let it go."""
+        self._answer_from_loader(job, status)
+        _close(job.loader_in)
+        job.loader_in = None
+        if job.loader_fd is not None:
+            self.selector.unregister(job.loader_fd)
+            _close(job.loader_fd)
+            job.loader_fd = None
+        if job.loader_pid is not None:
+            if status is None:  # still alive: its answer is all we wanted from it
+                _kill_group(job.loader_pid)
+                job.old_loaders.append(job.loader_pid)
+            job.loader_pid = None
 
     def _answer_from_loader(self, job: _Job, status: int | None) -> None:
-        job.loader_answered = True
         line = job.loader_out.split(b"\n", 1)[0]
         try:
             answer = json.loads(line)
@@ -411,15 +444,6 @@ class Zygote:
             answer = {"status": "failed", "reason": f"the loader died ({died})"}
         answer.setdefault("duration_s", time.perf_counter() - job.loader_started)
         self._answer(job, answer)
-
-    def _finish_loader(self, job: _Job, status: int) -> None:
-        if not job.loader_answered:
-            self._answer_from_loader(job, status)
-        if job.loader_fd is not None:
-            self.selector.unregister(job.loader_fd)
-            _close(job.loader_fd)
-            job.loader_fd = None
-        job.loader_pid = None
 
     def _answer(self, job: _Job, answer: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
@@ -475,15 +499,12 @@ class Zygote:
             conf.keep_fds = {1: fds[1], 2: fds[1], 3: fds[0], 4: fds[2], 5: fds[3]}
             spec = run["spec"]
             self._become_child(conf, lambda: child.run_export_job(spec), detached=True)
-        elif kind == "loader" and message.get("op") == "load" and len(fds) == 2:
-            pt2, payload = str(message["pt2"]), str(message["payload"])
-            threads = int(message["threads"])
+        elif kind == "loader" and message.get("op") == "load" and len(fds) == 3:
+            pt2, threads = str(message["pt2"]), int(message["threads"])
             limits = {**message["limits"], "memory_mb": int(message["limits"]["memory_mb"]) + grown}
             conf = self._loader_confinement(message["dirs"], limits, False)
-            conf.keep_fds = {1: fds[0], 2: fds[0], 3: fds[1]}
-            self._become_child(
-                conf, lambda: _load(pt2, payload, threads), announce=False, detached=True
-            )
+            conf.keep_fds = {1: fds[0], 2: fds[0], 3: fds[1], 4: fds[2]}
+            self._become_child(conf, lambda: _load(pt2, threads), announce=False, detached=True)
         os._exit(70)
 
     def _on_spare(self, kind: str) -> None:
@@ -572,6 +593,8 @@ class Zygote:
                     if job.loader_fd is not None:
                         self._drain_loader(job)
                     self._finish_loader(job, status)
+                elif pid in job.old_loaders:
+                    job.old_loaders.remove(pid)
                 elif pid == job.pid:
                     self._finish_job(job, status)
 
@@ -589,10 +612,11 @@ class Zygote:
 
     def _finish_job(self, job: _Job, status: int) -> None:
         _kill_group(job.pid)  # anything the job left in its group
-        if job.loader_pid is not None:
-            _kill_group(job.loader_pid)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(job.loader_pid, 0)
+        for loader in [job.loader_pid, *job.old_loaders]:
+            if loader is not None:  # no process of the job outlives it
+                _kill_group(loader)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(loader, 0)
         for fd in (job.request_fd, job.loader_fd):
             if fd is not None and fd >= 0:
                 with contextlib.suppress(KeyError, ValueError):
@@ -600,6 +624,7 @@ class Zygote:
                 _close(fd)
         _close(job.answer_fd)
         _close(job.output_fd)
+        _close(job.loader_in)
         del self.jobs[job.id]
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
@@ -618,23 +643,34 @@ class Zygote:
         for spare in list(self.spares.values()):
             self._drop_spare(spare, failed=False)
         for job in self.jobs.values():
-            _kill_group(job.pid)
-            if job.loader_pid:
-                _kill_group(job.loader_pid)
+            for pid in (job.pid, job.loader_pid, *job.old_loaders):
+                if pid:
+                    _kill_group(pid)
         for job in self.jobs.values():
-            for pid in (job.pid, job.loader_pid):
+            for pid in (job.pid, job.loader_pid, *job.old_loaders):
                 if pid:
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, 0)
 
 
-def _load(pt2: str, payload: str, threads: int) -> int:
-    """In a loader child: load and run the program, write the one-line answer to fd 3."""
+def _load(pt2: str, threads: int) -> int:
+    """In a loader child: load the program, then wait for the payload's path on fd 4 (the
+    job writes the payload meanwhile), run and compare; the one-line answer goes to fd 3."""
     import torch
+
+    from engine import roundtrip
 
     torch.set_num_threads(threads)
     try:
-        answer = child.check_roundtrip(pt2, payload)
+        loaded = roundtrip.load_saved(pt2)
+        request = b""
+        while not request.endswith(b"\n") and len(request) <= MAX_REQUEST:
+            chunk = os.read(4, 4096)
+            if not chunk:
+                return 0  # the job went away or sent no payload: nothing to answer
+            request += chunk
+        payload = str(json.loads(request)["payload"])
+        answer = roundtrip.run_loaded(loaded, payload)
     except Exception as exc:
         answer = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
     os.write(3, (json.dumps(answer) + "\n").encode())
