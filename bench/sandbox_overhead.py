@@ -23,7 +23,10 @@ of them alike (medians over `--runs`):
   service sees only when the same shapes come back.
 
 overhead = median(sandboxed, as the worker sees it) - median(warm in-process, same
-work); the overhead against the repeated-model baseline is printed too. Every variant
+work); the overhead against the repeated-model baseline is printed too. Because the
+timings are interleaved, the median of the per-run differences (sandboxed minus
+same-work of the same round) and their quartiles are printed as well: on a shared,
+noisy machine they move less with load drifts than a difference of medians. Every variant
 does load, trace, decompose, verify, save and the round trip. Also reported: RSS of the
 zygote, private memory of the ready spares, RSS of the idle worker process.
 """
@@ -201,6 +204,17 @@ def main() -> None:
             f"{row['overhead_back_to_back_ms']:.0f} | {row['repeated_s']:.3f} | "
             f"{row['overhead_idle_vs_repeated_ms']:.0f} |"
         )
+    for name in files:
+        paired = sorted(
+            (idle - same) * 1000
+            for idle, same in zip(times[name]["idle"], times[name]["same_work"], strict=True)
+        )
+        q1, _, q3 = statistics.quantiles(paired, n=4)
+        print(
+            f"{name}: per-run idle - same work: median {statistics.median(paired):.0f} ms "
+            f"(quartiles {q1:.0f} / {q3:.0f} ms)"
+        )
+        rows[list(files).index(name)]["paired_idle_ms"] = statistics.median(paired)
     print(f"fake-tensor cache entries after the warm-up: {len(after_warm_up)}")
     print(
         f"zygote RSS: {zygote_rss:.0f} MB; ready spares' private memory: "
