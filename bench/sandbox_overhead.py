@@ -26,7 +26,8 @@ overhead = median(sandboxed, as the worker sees it) - median(warm in-process, sa
 work); the overhead against the repeated-model baseline is printed too. Because the
 timings are interleaved, the median of the per-run differences (sandboxed minus
 same-work of the same round) and their quartiles are printed as well: on a shared,
-noisy machine they move less with load drifts than a difference of medians. Every variant
+noisy machine they move less with load drifts than a difference of medians. So do
+the lower quartiles (the runs least slowed by other tenants), also printed. Every variant
 does load, trace, decompose, verify, save and the round trip. Also reported: RSS of the
 zygote, private memory of the ready spares, RSS of the idle worker process.
 """
@@ -210,9 +211,13 @@ def main() -> None:
             for idle, same in zip(times[name]["idle"], times[name]["same_work"], strict=True)
         )
         q1, _, q3 = statistics.quantiles(paired, n=4)
+        low_idle = statistics.quantiles(times[name]["idle"], n=4)[0]
+        low_same = statistics.quantiles(times[name]["same_work"], n=4)[0]
         print(
             f"{name}: per-run idle - same work: median {statistics.median(paired):.0f} ms "
-            f"(quartiles {q1:.0f} / {q3:.0f} ms)"
+            f"(quartiles {q1:.0f} / {q3:.0f} ms); lower quartiles: idle {low_idle * 1000:.0f}"
+            f" ms, same work {low_same * 1000:.0f} ms, difference "
+            f"{(low_idle - low_same) * 1000:.0f} ms"
         )
         rows[list(files).index(name)]["paired_idle_ms"] = statistics.median(paired)
     print(f"fake-tensor cache entries after the warm-up: {len(after_warm_up)}")

@@ -965,12 +965,20 @@ def _outer_pid(root: int, inner: int) -> int | None:
 
 def _zygote_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The zygote starts with nothing of the worker's environment (no secrets); a GPU
-    worker's zygote also gets the GPU pinning from its settings (`GpuAccess.environment`)."""
+    worker's zygote also gets the GPU pinning from its settings (`GpuAccess.environment`).
+
+    GOMP_SPINCOUNT: libgomp (torch's OpenMP) reads it once, when the zygote imports
+    torch, so every child inherits it. Its default keeps idle worker threads spinning
+    for ~300,000 pauses after each parallel region, taking a core from the other
+    process of the job: the job child and its loader run side by side during the round
+    trip. 10,000 keeps a short spin between back-to-back regions. Measured on the
+    transformer block at an idle worker (18 paired runs): -37 ms median per job."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/nonexistent",
         "LANG": "C.UTF-8",
         "USER": "sandbox",
         "LOGNAME": "sandbox",
+        "GOMP_SPINCOUNT": "10000",
         **(extra or {}),
     }
