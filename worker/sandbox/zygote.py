@@ -462,8 +462,11 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            ours.close()
-            self._spare_main(kind, theirs)
+            try:
+                ours.close()
+                self._spare_main(kind, theirs)
+            finally:
+                os._exit(70)
         theirs.close()
         self.spares[kind] = _Spare(kind, pid, ours)
         self.selector.register(ours, selectors.EVENT_READ, ("spare", kind))
@@ -488,6 +491,14 @@ class Zygote:
             os._exit(70)
         if message is None:
             os._exit(0)
+        try:
+            self._become_handed_work(kind, message, fds, data_mb)
+        finally:  # never back into the zygote's loop, whatever went wrong
+            os._exit(70)
+
+    def _become_handed_work(
+        self, kind: str, message: dict[str, Any], fds: list[int], data_mb: int
+    ) -> None:
         # RLIMIT_DATA counts what the spare allocated while warming up; the job's own
         # budget stays what it would be in a fresh fork.
         grown = max(0, data_mb - self.data_mb)
@@ -505,7 +516,6 @@ class Zygote:
             conf = self._loader_confinement(message["dirs"], limits, False)
             conf.keep_fds = {1: fds[0], 2: fds[0], 3: fds[1], 4: fds[2]}
             self._become_child(conf, lambda: _load(pt2, threads), announce=False, detached=True)
-        os._exit(70)
 
     def _on_spare(self, kind: str) -> None:
         spare = self.spares.get(kind)
@@ -548,7 +558,7 @@ class Zygote:
         try:
             protocol.send(spare.sock, message, fds)
             return True
-        except OSError:
+        except (OSError, ValueError):  # gone, or the message too large: a fresh fork
             _kill_group(spare.pid)
             return False
         finally:
