@@ -366,9 +366,11 @@ def _finish_error(run: _Run, exc: ExportError) -> ErrorBody:
     return body
 
 
-QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
-"""Deprecation notices from torch's internals: nothing a user can act on. The user's own
-warnings are always reported, whatever their category."""
+QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning, ResourceWarning)
+"""Deprecation notices from torch's internals, and ResourceWarnings (an unclosed file or
+socket anywhere in the process, reported whenever the garbage collector happens to run
+during the export): nothing a user can act on. The user's own warnings are always
+reported, whatever their category."""
 
 MAX_TORCH_WARNINGS = 20
 

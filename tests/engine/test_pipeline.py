@@ -68,7 +68,9 @@ def test_model_failing_eagerly_is_eager_run_failed_with_or_without_verification(
 def test_without_verification_non_portable_outputs_are_still_wrapped(tmp_path: Path) -> None:
     result = export(tmp_path, "verify_hf_output.py", {"verify": {"enabled": False}})
     assert result.succeeded
-    assert [w.code for w in result.report.warnings] == ["outputs_made_portable"]
+    assert [w.code for w in result.report.warnings] == ["outputs_made_portable"], [
+        (w.code, w.message) for w in result.report.warnings
+    ]
     signature = json.loads((tmp_path / "out" / "signature.json").read_text())
     assert signature["portability"]["wrapped"] is True
     assert result.report.verification is None
@@ -173,3 +175,27 @@ def test_warnings_raised_while_exporting_are_reported_once_with_their_location(
     assert mine[0].details["category"] == "UserWarning"
     assert mine[0].details["location"]["file"] == "pipeline_warns.py"
     assert mine[0].details["location"]["line"] == 10
+
+
+def test_resource_warnings_from_elsewhere_are_not_the_users_concern(tmp_path: Path) -> None:
+    import warnings
+
+    from engine.pipeline import _torch_warnings
+    from engine.source_map import SourceMap
+
+    def caught(category: type[Warning], filename: str) -> warnings.WarningMessage:
+        return warnings.WarningMessage(f"unclosed file in {filename}", category, filename, 3)
+
+    user_file = str(tmp_path / "model.py")
+    reported = _torch_warnings(
+        [
+            caught(ResourceWarning, "/usr/lib/python3.11/socket.py"),  # gc ran during export
+            caught(ResourceWarning, user_file),
+            caught(UserWarning, "/site-packages/torch/export/x.py"),
+        ],
+        SourceMap(tmp_path),
+    )
+    assert [(w.details["category"], "location" in w.details) for w in reported] == [
+        ("ResourceWarning", True),
+        ("UserWarning", False),
+    ]
