@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,14 +81,14 @@ def check_saved(
     return run_loaded(load_saved(pt2_path), payload_path)
 
 
+@dataclass
 class LoadedProgram:
     """The first half of `check_saved`: the program loaded (or why it did not load)."""
 
-    def __init__(self, module: Any, in_spec: Any, failure: str | None, duration_s: float):
-        self.module = module
-        self.in_spec = in_spec
-        self.failure = failure
-        self.duration_s = duration_s
+    module: Any
+    in_spec: Any
+    failure: str | None
+    duration_s: float
 
 
 def load_saved(pt2_path: str | os.PathLike[str]) -> LoadedProgram:

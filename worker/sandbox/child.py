@@ -75,6 +75,17 @@ def write_progress(line: dict[str, Any]) -> None:
         os.write(PROGRESS_FD, data)
 
 
+def read_line(fd: int, limit: int) -> bytes:
+    """Read from `fd` until a newline, end of file or `limit` bytes, whichever is first."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < limit:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class RoundtripRequests:
     """Round trips through the zygote: `prefetch` asks for a loader as soon as the
     program is saved (it loads the program while this process writes the documents and
@@ -101,12 +112,7 @@ class RoundtripRequests:
             self.prefetch(pt2)
         self.prefetched = None
         self._send({"payload": str(payload)})
-        answer = b""
-        while not answer.endswith(b"\n") and len(answer) < MAX_ANSWER:
-            chunk = os.read(ROUNDTRIP_ANSWER_FD, 1 << 16)
-            if not chunk:
-                break
-            answer += chunk
+        answer = read_line(ROUNDTRIP_ANSWER_FD, MAX_ANSWER)
         try:
             parsed = json.loads(answer)
         except ValueError:

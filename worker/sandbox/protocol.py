@@ -10,6 +10,8 @@ from typing import Any
 
 MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
+SPARE_KINDS = ("job", "loader")
+"""The zygote's spares, as its `spares` message names the ready ones."""
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:

@@ -289,7 +289,7 @@ class SandboxRunner:
         zygote = self._zygote
         if zygote is None or not zygote.info.get("spares"):
             return False
-        wanted = {"job", "loader"}
+        wanted = set(protocol.SPARE_KINDS)
         with zygote.spares:
             return zygote.spares.wait_for(
                 lambda: wanted <= set(zygote.spares_ready) or not zygote.alive, timeout

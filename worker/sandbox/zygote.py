@@ -55,7 +55,6 @@ from worker.sandbox.lockdown import (
 
 MAX_ROUNDTRIPS = 4
 MAX_REQUEST = 1 << 14
-SPARE_KINDS = ("job", "loader")
 MAX_SPARE_FAILURES = 3
 """Spares that die before they are ready, in a row, before the zygote stops making them."""
 WARM_PROGRAM = ("out", "program.pt2")
@@ -93,8 +92,8 @@ class _Spare:
     pid: int
     sock: socket.socket
     ready: bool = False
-    data_mb: int = 0
     rss_mb: int = 0
+    """Its resident size when it said ready (the worker's RSS limit allows for the rest)."""
 
 
 class Zygote:
@@ -259,16 +258,14 @@ class Zygote:
         ans_r, ans_w = os.pipe2(os.O_CLOEXEC)
         gpu = bool(message.get("gpu")) and self.gpu is not None
         spare = None if gpu else self._take_spare("job")
-        handed = {"op": "job", "run": message}
-        extra_rss_mb = 0
-        if spare is not None and self._hand_over(
-            spare, handed, [progress_fd, output_fd, req_w, ans_r]
-        ):
+        fds = [progress_fd, output_fd, req_w, ans_r]
+        in_spare = spare is not None and self._hand_over(spare, {"op": "job", "run": message}, fds)
+        if spare is not None and in_spare:
             pid = spare.pid
             extra_rss_mb = max(0, spare.rss_mb - self.rss_mb)
         else:
-            conf = self._confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu)
-            conf.keep_fds = {1: output_fd, 2: output_fd, 3: progress_fd, 4: req_w, 5: ans_r}
+            extra_rss_mb = 0
+            conf = self._job_confinement(dirs, limits, gpu, fds)
             pid = os.fork()
             if pid == 0:
                 self._become_child(conf, lambda: child.run_export_job(message["spec"]))
@@ -283,10 +280,19 @@ class Zygote:
                 "op": "started",
                 "id": job_id,
                 "pid": pid,
-                "spare": spare is not None and pid == spare.pid,
+                "spare": in_spare,
                 "extra_rss_mb": extra_rss_mb,
             },
         )
+
+    def _job_confinement(
+        self, dirs: dict[str, str], limits: dict[str, int], gpu: bool, fds: list[int]
+    ) -> Confinement:
+        """A job child's confinement; `fds`: progress, output, round-trip request, answer."""
+        progress, output, request, answer = fds
+        conf = self._confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu)
+        conf.keep_fds = {1: output, 2: output, 3: progress, 4: request, 5: answer}
+        return conf
 
     def _detach(self) -> None:
         """In a fresh fork: let go of the zygote's selector, control socket and spares."""
@@ -351,13 +357,11 @@ class Zygote:
             request = json.loads(line)
             pt2 = request.get("pt2")
             payload = request.get("payload")
-            if pt2 is not None:
-                cpus = len(os.sched_getaffinity(0))
-                threads = max(1, min(int(request.get("threads") or cpus), cpus))
+            if pt2 is None and payload is None:
+                raise ValueError("neither pt2 nor payload")
+            cpus = len(os.sched_getaffinity(0))
+            threads = max(1, min(int(request.get("threads") or cpus), cpus))
         except (ValueError, TypeError, AttributeError):
-            self._answer(job, {"status": "failed", "reason": "malformed round-trip request"})
-            return
-        if pt2 is None and payload is None:
             self._answer(job, {"status": "failed", "reason": "malformed round-trip request"})
             return
         if pt2 is not None:
@@ -376,10 +380,14 @@ class Zygote:
             job.loader_in = None
 
     def _loader_confinement(
-        self, dirs: dict[str, str], limits: dict[str, int], gpu: bool
+        self, dirs: dict[str, str], limits: dict[str, int], gpu: bool, fds: list[int]
     ) -> Confinement:
+        """A loader child's confinement; `fds`: output, answer, payload path in."""
+        output, answer, payload = fds
         scratch = str(Path(dirs["tmp"]) / "loader")
-        return self._confinement({**dirs, "tmp": scratch}, limits, [scratch], gpu)
+        conf = self._confinement({**dirs, "tmp": scratch}, limits, [scratch], gpu)
+        conf.keep_fds = {1: output, 2: output, 3: answer, 4: payload}
+        return conf
 
     def _fork_loader(self, job: _Job, pt2: str, threads: int) -> None:
         """The second child: a fork of this torch-only process loads the program (a ready
@@ -391,12 +399,12 @@ class Zygote:
         spare = None if job.gpu else self._take_spare("loader")
         handed = {"op": "load", "pt2": pt2, "threads": threads}
         handed.update(dirs=job.dirs, limits=job.limits)
-        if spare is not None and self._hand_over(spare, handed, [job.output_fd, out_w, in_r]):
+        fds = [job.output_fd, out_w, in_r]
+        if spare is not None and self._hand_over(spare, handed, fds):
             pid = spare.pid
             job.loader_spares += 1
         else:
-            conf = self._loader_confinement(job.dirs, job.limits, job.gpu)
-            conf.keep_fds = {1: job.output_fd, 2: job.output_fd, 3: out_w, 4: in_r}
+            conf = self._loader_confinement(job.dirs, job.limits, job.gpu, fds)
             pid = os.fork()
             if pid == 0:
                 self._become_child(conf, lambda: _load(pt2, threads), announce=False)
@@ -454,7 +462,7 @@ class Zygote:
         """While no job runs, make sure a spare of each kind exists (or is warming)."""
         if not self.spares_enabled or self.jobs:
             return
-        for kind in SPARE_KINDS:
+        for kind in protocol.SPARE_KINDS:
             if kind not in self.spares:
                 self._fork_spare(kind)
 
@@ -480,8 +488,8 @@ class Zygote:
             _warm_spare(kind, Path(self.config["warm_dir"]))
             gc.collect()
             gc.freeze()
-            data_mb, rss_mb = _status_mb("VmData"), _status_mb("VmRSS")
-            protocol.send(sock, {"op": "ready", "data_mb": data_mb, "rss_mb": rss_mb})
+            data_mb = _status_mb("VmData")
+            protocol.send(sock, {"op": "ready", "rss_mb": _status_mb("VmRSS")})
             message, fds = protocol.receive(sock)
             sock.close()
         except BaseException:
@@ -502,19 +510,18 @@ class Zygote:
         # RLIMIT_DATA counts what the spare allocated while warming up; the job's own
         # budget stays what it would be in a fresh fork.
         grown = max(0, data_mb - self.data_mb)
+
+        def limits(given: dict[str, int]) -> dict[str, int]:
+            return {**given, "memory_mb": int(given["memory_mb"]) + grown}
+
         if kind == "job" and message.get("op") == "job" and len(fds) == 4:
             run = message["run"]
-            dirs = run["dirs"]
-            limits = {**run["limits"], "memory_mb": int(run["limits"]["memory_mb"]) + grown}
-            conf = self._confinement(dirs, limits, [dirs["out"], dirs["tmp"]], False)
-            conf.keep_fds = {1: fds[1], 2: fds[1], 3: fds[0], 4: fds[2], 5: fds[3]}
+            conf = self._job_confinement(run["dirs"], limits(run["limits"]), False, fds)
             spec = run["spec"]
             self._become_child(conf, lambda: child.run_export_job(spec), detached=True)
         elif kind == "loader" and message.get("op") == "load" and len(fds) == 3:
             pt2, threads = str(message["pt2"]), int(message["threads"])
-            limits = {**message["limits"], "memory_mb": int(message["limits"]["memory_mb"]) + grown}
-            conf = self._loader_confinement(message["dirs"], limits, False)
-            conf.keep_fds = {1: fds[0], 2: fds[0], 3: fds[1], 4: fds[2]}
+            conf = self._loader_confinement(message["dirs"], limits(message["limits"]), False, fds)
             self._become_child(conf, lambda: _load(pt2, threads), announce=False, detached=True)
 
     def _on_spare(self, kind: str) -> None:
@@ -529,7 +536,6 @@ class Zygote:
             _close(fd)
         if message is not None and message.get("op") == "ready" and not spare.ready:
             spare.ready = True
-            spare.data_mb = int(message.get("data_mb", 0))
             spare.rss_mb = int(message.get("rss_mb", 0))
             self.spare_failures = 0
             self._tell_spares()
@@ -673,12 +679,9 @@ def _load(pt2: str, threads: int) -> int:
     torch.set_num_threads(threads)
     try:
         loaded = roundtrip.load_saved(pt2)
-        request = b""
-        while not request.endswith(b"\n") and len(request) <= MAX_REQUEST:
-            chunk = os.read(4, 4096)
-            if not chunk:
-                return 0  # the job went away or sent no payload: nothing to answer
-            request += chunk
+        request = child.read_line(4, MAX_REQUEST)
+        if not request.endswith(b"\n") and len(request) < MAX_REQUEST:
+            return 0  # the job went away or sent no payload: nothing to answer
         payload = str(json.loads(request)["payload"])
         answer = roundtrip.run_loaded(loaded, payload)
     except Exception as exc:
