@@ -19,7 +19,8 @@ a job for the CPU. GPU jobs always get a fresh fork.
 Messages (worker → zygote): `config`, `run` (with two fds: progress, output),
 `kill`. (zygote → worker): `hello`, `started`, `exited`.
 (zygote → spare): `job` (fds: progress, output, round-trip request and answer),
-`load` (fds: output, answer). (spare → zygote): `ready`.
+`load` (fds: output, answer, payload path in). (spare → zygote): `ready`, then
+(zygote → worker) `spares` with the kinds now ready.
 """
 
 from __future__ import annotations
