@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,29 +43,50 @@ _FORBIDDEN_EVENTS = {
 
 
 class _Attempts:
-    """Forbidden actions the uploaded code tried (seccomp or Landlock stopped them)."""
+    """Forbidden actions the uploaded code tried (seccomp or Landlock stopped them).
+
+    The audit hook is the C method `dict.get` of a table whose keys are tripwires, one per
+    forbidden event: CPython calls the hook on every audit event, and torch raises one
+    per `id()` call (~85,000 in a transformer block's export), so a hook written in
+    Python cost that export ~45 ms, this one ~11 ms (bench/audit_hook.py). A lookup
+    runs Python only when the event's hash matches a tripwire's: the tripwire's
+    `__eq__` then looks for the upload on the stack. A signal the job sends to itself
+    is counted too (the hook does not see its args)."""
 
     def __init__(self, user_roots: list[Path]) -> None:
         self.seen: dict[str, str] = {}
-        self._pid = os.getpid()
         self._roots = tuple(str(root) + os.sep for root in user_roots)
+        tripwires: dict[object, None] = {_Tripwire(e, self): None for e in _FORBIDDEN_EVENTS}
+        self.hook: Callable[[str, tuple[Any, ...]], object] = tripwires.get
 
-    def hook(self, event: str, args: tuple[Any, ...]) -> None:
-        what = _FORBIDDEN_EVENTS.get(event)
-        if what is None:
-            return
-        if event in ("os.kill", "os.killpg") and args and args[0] == self._pid:
-            return
+    def saw(self, event: str) -> None:
         if self._from_upload():
-            self.seen.setdefault(event, what)
+            self.seen.setdefault(event, _FORBIDDEN_EVENTS[event])
 
     def _from_upload(self) -> bool:
         """Whether the uploaded code is on the stack (not torch or the engine)."""
-        frame = sys._getframe(2)
+        frame = sys._getframe(1)
         while frame is not None:
             if frame.f_code.co_filename.startswith(self._roots):
                 return True
             frame = frame.f_back  # type: ignore[assignment]
+        return False
+
+
+class _Tripwire:
+    """A key equal to no event name that tells `attempts` when its own is looked up."""
+
+    __slots__ = ("attempts", "event", "hash")
+
+    def __init__(self, event: str, attempts: _Attempts) -> None:
+        self.event, self.attempts, self.hash = event, attempts, hash(event)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if other == self.event:
+            self.attempts.saw(self.event)
         return False
 
 

@@ -1,0 +1,68 @@
+"""The job child's record of forbidden actions the upload tried (`child._Attempts`).
+
+Audit hooks cannot be removed, so each case runs in its own interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+UPLOAD = """
+import os, socket, subprocess
+
+def try_socket():
+    try:
+        socket.socket()
+    except OSError:
+        pass
+
+def try_exec():
+    try:
+        subprocess.run(["/bin/true"])
+    except OSError:
+        pass
+"""
+
+DRIVER = """
+import json, socket, sys, builtins
+from pathlib import Path
+from worker.sandbox.child import _Attempts
+
+attempts = _Attempts([Path(sys.argv[1])])
+sys.addaudithook(attempts.hook)
+socket.socket().close()          # not from the upload: not counted
+for _ in range(1000):
+    id(attempts)                 # an event torch raises by the ten thousand
+sys.path.insert(0, sys.argv[1])
+import upload
+before = dict(attempts.seen)
+upload.try_socket()
+upload.try_exec()
+print(json.dumps({
+    "before": before,
+    "after": attempts.seen,
+    "hook": type(attempts.hook).__name__,
+}))
+"""
+
+
+def test_only_the_uploads_own_forbidden_actions_are_recorded(tmp_path: Path) -> None:
+    upload_dir = tmp_path / "in"
+    upload_dir.mkdir()
+    (upload_dir / "upload.py").write_text(UPLOAD)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(upload_dir)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == {}
+    assert sorted(seen["after"]) == ["socket.__new__", "subprocess.Popen"]
+    # The hook itself is C code: Python runs only for the forbidden events' tripwires.
+    assert seen["hook"] == "builtin_function_or_method"
