@@ -32,16 +32,7 @@ def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
     assert first.report.sandbox is not None and first.report.sandbox.details["spare"] is True
     # The next job comes at once: the new spares are still warming, so they are killed
     # and the job gets a fresh fork (with a fresh loader).
-    job_dir = spare_arena.root / "back-to-back"
-    second = runner.run(
-        SandboxJob(
-            model=spare_arena.model("benign"),
-            inputs=None,
-            weights=None,
-            options={},
-            job_dir=job_dir,
-        )
-    )
+    second = _run(runner, spare_arena, "back-to-back")
     assert second.report.status == "succeeded", second.error
     assert second.report.sandbox is not None
     assert second.report.sandbox.details["spare"] is False
@@ -74,7 +65,8 @@ def test_spares_that_keep_dying_are_given_up_and_jobs_still_run(arena: Arena) ->
 
 
 def _run(runner: SandboxRunner, arena: Arena, name: str) -> SandboxResult:
-    job_dir = arena.root / f"dying-spares-{name}-{os.getpid()}"
+    """A benign job on `runner`, whatever kind of child it gets."""
+    job_dir = arena.root / f"spares-{name}-{os.getpid()}"
     job = SandboxJob(
         model=arena.model("benign"), inputs=None, weights=None, options={}, job_dir=job_dir
     )
