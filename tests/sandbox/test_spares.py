@@ -5,11 +5,12 @@ the hostile suite and the layer probes through them (`each_arena`); here: their 
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
+import signal
 import time
 
-from tests.sandbox.conftest import SPARE_WAIT_S, Arena, fresh_runner
+from tests.sandbox.conftest import SPARE_WAIT_S, Arena, digest, fresh_runner
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner
 
 
@@ -24,6 +25,13 @@ def test_a_job_at_an_idle_worker_runs_in_a_warm_spare(spare_arena: Arena) -> Non
     assert result.report.verification is not None
     assert result.report.verification.roundtrip is not None
     assert result.report.verification.roundtrip.status == "passed"
+    # The child lists no artifacts (digest_artifacts=False); the worker hashes the files
+    # it accepted and lists them, report included.
+    listed = {a.name: (a.size, a.sha256) for a in result.report.artifacts}
+    assert set(listed) == {"program.pt2", "graph.json", "signature.json"}
+    for name, (size, sha) in listed.items():
+        path = result.artifacts[name]
+        assert (path.stat().st_size, digest(path)) == (size, sha)
 
 
 def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
@@ -37,30 +45,48 @@ def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
     assert second.report.sandbox is not None
     assert second.report.sandbox.details["spare"] is False
     assert second.report.sandbox.details["roundtrips"] == {"loaders": 1, "in_spares": 0}
+    # The fresh fork faulted in, before its lockdown, what the first spare's warm-up
+    # touched (pages.py); the job ran as any other.
+    assert first.report.sandbox.details["prefault"] is False
+    assert second.report.sandbox.details["prefault"] is True
     # Killed spares were reaped, and exactly one of each kind is made again.
     assert runner.wait_for_spares(SPARE_WAIT_S)
     assert len(runner.zygote_children()) == 2
+
+
+def test_the_first_spares_learn_the_pages_their_warm_up_touched(spare_arena: Arena) -> None:
+    runner = spare_arena.runner
+    assert runner.wait_for_spares(SPARE_WAIT_S)
+    learned = runner.learned_pages()
+    # Copied on write (the zygote's heap) and mapped (torch's code): thousands of pages
+    # each for a job's warm-up; later spares fault them in instead of warming up.
+    assert learned["job"]["write"] > 2000 and learned["job"]["read"] > 2000, learned
+    assert learned["loader"]["write"] > 500 and learned["loader"]["read"] > 500, learned
+    # The ranges went through a file in the warm-up directory, removed once read.
+    assert list((runner.jobs_root / ".warm").glob("pages-*")) == []
+    result, _, _ = spare_arena.run(spare_arena.model("benign"))  # a later, prefaulted spare
+    assert result.report.status == "succeeded", result.error
 
 
 def test_spares_that_keep_dying_are_given_up_and_jobs_still_run(arena: Arena) -> None:
     with fresh_runner() as runner:
         assert runner.wait_for_spares(SPARE_WAIT_S)
         assert runner.work_root is not None
-        # A job spare warms up in the zygote's warm-up directory; without it, every new
-        # one dies at once.
-        shutil.rmtree(runner.jobs_root / ".warm")
-        first = _run(runner, arena, "first")  # uses the ready spare
-        assert first.report.status == "succeeded", first.error
+        # Every spare is killed before it gets ready (the worker is idle: each of the
+        # zygote's children is a spare), until the zygote gives up on them.
         log = runner.work_root / "zygote.log"
         deadline = time.monotonic() + 30
         while "jobs get fresh forks from now on" not in log.read_text(errors="replace"):
-            assert time.monotonic() < deadline, "the zygote kept making spares that die"
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, "the zygote kept making spares"
+            for pid in runner.zygote_children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.002)
         assert runner.wait_for_spares(1.0) is False
-        second = _run(runner, arena, "second")
-        assert second.report.status == "succeeded", second.error
-        assert second.report.sandbox is not None
-        assert second.report.sandbox.details["spare"] is False
+        job = _run(runner, arena, "after")
+        assert job.report.status == "succeeded", job.error
+        assert job.report.sandbox is not None
+        assert job.report.sandbox.details["spare"] is False
         assert runner.restarts == 0
 
 

@@ -186,7 +186,11 @@ def run_export_job(spec: dict[str, Any]) -> int:
         weights=Path(spec["weights"]) if spec.get("weights") else None,
     )
     request = pipeline.ExportRequest(
-        upload=upload, options=options, out_dir=out_dir, work_dir=work_dir
+        upload=upload,
+        options=options,
+        out_dir=out_dir,
+        work_dir=work_dir,
+        digest_artifacts=False,  # the worker hashes what it accepts (runner._finish)
     )
     try:
         result = pipeline.run_export(

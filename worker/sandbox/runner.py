@@ -69,6 +69,8 @@ class _Watch:
     bad_lines: int = 0
     spare: bool = False
     """The job ran in a pre-forked, self-warmed spare child rather than a fresh fork."""
+    prefault: bool = False
+    """A fresh fork that faulted in the pages a spare's warm-up touches before the job."""
     roundtrips: dict[str, int] | None = None
     """Round trips the zygote ran for the job: how many, how many in a spare loader."""
 
@@ -104,6 +106,8 @@ class _Zygote:
         self.hello: queue.Queue[dict[str, Any]] = queue.Queue()
         self.spares = threading.Condition()
         self.spares_ready: tuple[str, ...] = ()
+        self.learned_pages: dict[str, dict[str, int]] = {}
+        """Per spare kind, the pages its warm-up touched, once learned (zygote pages.py)."""
         protocol.send(self.sock, {"op": "config", **config})
         self.reader = threading.Thread(target=self._read, name="sandbox-zygote", daemon=True)
         self.reader.start()
@@ -134,6 +138,7 @@ class _Zygote:
             if message.get("op") == "spares":
                 with self.spares:
                     self.spares_ready = tuple(str(k) for k in message.get("ready") or ())
+                    self.learned_pages = dict(message.get("learned") or {})
                     self.spares.notify_all()
                 continue
             watch = self.watches.get(str(message.get("id")))
@@ -294,6 +299,15 @@ class SandboxRunner:
             return zygote.spares.wait_for(
                 lambda: wanted <= set(zygote.spares_ready) or not zygote.alive, timeout
             ) and wanted <= set(zygote.spares_ready)
+
+    def learned_pages(self) -> dict[str, dict[str, int]]:
+        """Per spare kind, the pages (write, read) its first warm-up touched, which later
+        spares and fresh forks fault in ahead of their work; empty until learned."""
+        zygote = self._zygote
+        if zygote is None:
+            return {}
+        with zygote.spares:
+            return dict(zygote.learned_pages)
 
     def zygote_children(self) -> list[int]:
         """The zygote's live children as this process sees them (its spares, while no job
@@ -525,6 +539,7 @@ class SandboxRunner:
         details: dict[str, Any] = {
             "in_force": watch.lockdown or {},
             "spare": watch.spare,
+            "prefault": watch.prefault,
             "roundtrips": watch.roundtrips,
             "exit": exit_info,
             "zygote_restarts": self.restarts,
@@ -557,6 +572,7 @@ class SandboxRunner:
                 if op == "started":
                     outer = zygote.inner_to_outer(int(message["pid"]))
                     watch.spare = bool(message.get("spare"))
+                    watch.prefault = bool(message.get("prefault"))
                     # A spare's warm-up left it this much more resident than the zygote.
                     memory_bytes += max(0, int(message.get("extra_rss_mb") or 0)) << 20
                 elif op == "exited":
