@@ -185,6 +185,29 @@ def test_children_of_a_warm_zygote_never_hang(arena: Arena) -> None:
     assert len(os.listdir(f"/proc/{zygote}/task")) == threads_at_start
 
 
+def test_outputs_tampered_with_while_read_back_are_kept_whole_or_refused(arena: Arena) -> None:
+    # From 20 ms after the job says it is done until it exits (0.5 s later), it swaps
+    # its outputs: a link to the secret, a rewritten program, a forged report. The
+    # worker read them back into copies when told "done": a success can only be the
+    # outputs as they were then; no link is followed; each artifact served is the very
+    # file whose size and SHA-256 the report lists.
+    for _ in range(3):
+        result, job_dir = run_hostile(arena, "outputs")
+        assert not (job_dir / ".accepted").exists()
+        if result.report.status == "failed":  # a slow worker read after the swap
+            assert result.error is not None and result.error.code == "internal_error"
+            continue
+        listed = {a.name: (a.size, a.sha256) for a in result.report.artifacts}
+        assert set(listed) == {"program.pt2", "graph.json", "signature.json"}
+        for name, (size, sha) in listed.items():
+            path = result.artifacts[name]
+            assert not path.is_symlink() and path.is_file()
+            assert (path.stat().st_size, digest(path)) == (size, sha)
+        assert b"tampered" not in result.artifacts["program.pt2"].read_bytes()
+        assert b"tampered" not in result.artifacts["signature.json"].read_bytes()
+        assert result.report.model is not None  # the real report, not the forged one
+
+
 def test_pickle_payload_in_inputs_does_not_run(arena: Arena) -> None:
     import torch
 

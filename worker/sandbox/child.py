@@ -206,6 +206,8 @@ def run_export_job(spec: dict[str, Any]) -> int:
     changed = _reclassify(report, attempts)
     if changed:
         (out_dir / REPORT).write_text(report.model_dump_json(indent=2))
+    # The worker reads the outputs back (into copies) while this process exits.
+    write_progress({"done": True})
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,12 +31,13 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, artifact_info
 from schemas import (
+    ArtifactInfo,
     Environment,
     ErrorBody,
     ExportOptions,
@@ -71,8 +74,23 @@ class _Watch:
     """The job ran in a pre-forked, self-warmed spare child rather than a fresh fork."""
     prefault: bool = False
     """A fresh fork that faulted in the pages a spare's warm-up touches before the job."""
+    done: bool = False
+    """The child said its outputs are written (it is about to exit)."""
+    accepted: _Accepted | None = None
+    """Its outputs, read, validated and copied out of its reach while it exited."""
     roundtrips: dict[str, int] | None = None
     """Round trips the zygote ran for the job: how many, how many in a spare loader."""
+
+
+@dataclass
+class _Accepted:
+    """A job's outputs as the worker took them: validated, copied where the job cannot
+    reach them (so nothing it does afterwards changes them), hashed as copied."""
+
+    report: ReportDocument
+    files: dict[str, Path]
+    infos: dict[str, ArtifactInfo]
+    directory: Path
 
 
 class _Zygote:
@@ -531,7 +549,19 @@ class SandboxRunner:
         finally:
             os.close(progress_w)
             os.close(output_w)
-        verdict, exit_info = self._supervise(zygote, job_id, watch, timeout, memory_bytes, cancel)
+        accepted_dir = job.job_dir / ".accepted"
+
+        def accept_early() -> None:
+            # The child's address space takes milliseconds to tear down (12 ms for a
+            # transformer block); the outputs are read back meanwhile, into copies.
+            try:
+                watch.accepted = self._accept_outputs(staging / "out", accepted_dir)
+            except (_Untrusted, OSError):
+                shutil.rmtree(accepted_dir, ignore_errors=True)  # read again after the exit
+
+        verdict, exit_info = self._supervise(
+            zygote, job_id, watch, timeout, memory_bytes, cancel, accept_early
+        )
         zygote.watches.pop(job_id, None)
         reader.join(timeout=self.settings.kill_grace_s)
         log.close()
@@ -557,8 +587,10 @@ class SandboxRunner:
         timeout: float,
         memory_bytes: int,
         cancel: threading.Event | None,
+        on_done: Callable[[], None] = lambda: None,
     ) -> tuple[str | None, dict[str, Any]]:
-        """Wait for the job; kill its process group on timeout, memory or cancel."""
+        """Wait for the job; kill its process group on timeout, memory or cancel.
+        `on_done` runs when the child says its outputs are written, while it exits."""
         deadline = time.monotonic() + timeout
         outer: int | None = None
         verdict: str | None = None
@@ -582,6 +614,8 @@ class SandboxRunner:
                     return verdict, {"code": message.get("code"), "signal": message.get("signal")}
                 elif op == "dead":
                     return verdict or "zygote_died", {}
+                elif op == "done" and verdict is None:
+                    on_done()
                 continue
             if verdict is None:
                 if cancel is not None and cancel.is_set():
@@ -652,6 +686,9 @@ class SandboxRunner:
                 watch.lockdown = {
                     k: v for k, v in dict(message["lockdown"]).items() if k in _IN_FORCE
                 }
+            elif message.get("done") is True and not watch.done:
+                watch.done = True
+                watch.messages.put({"op": "done"})
             elif "refused" in message and watch.refused is None:
                 code = str(message["refused"])
                 code = code if code in _REFUSAL_CODES else "sandbox_violation"
@@ -676,7 +713,13 @@ class SandboxRunner:
         out_dir.mkdir(parents=True, exist_ok=True)
         report: ReportDocument | None = None
         found: dict[str, Path] = {}
-        if produced is not None and error is None:
+        infos: dict[str, ArtifactInfo] = {}
+        accepted = watch.accepted if watch is not None else None
+        if accepted is not None and (error is not None or produced is None):
+            shutil.rmtree(accepted.directory, ignore_errors=True)
+        elif accepted is not None:
+            report, found, infos = accepted.report, accepted.files, accepted.infos
+        elif produced is not None and error is None:
             try:
                 report, found = self._read_outputs(produced)
             except _Untrusted as exc:
@@ -701,8 +744,12 @@ class SandboxRunner:
             except OSError:
                 shutil.copyfile(path, target)
             artifacts[name] = target
+        if accepted is not None:
+            shutil.rmtree(accepted.directory, ignore_errors=True)
         report.sandbox = SandboxReport(layers=self._layers(watch), details=details)
-        report.artifacts = [artifact_info(path) for path in artifacts.values()]
+        report.artifacts = [
+            infos.get(name) or artifact_info(path) for name, path in artifacts.items()
+        ]
         report_path = out_dir / REPORT
         report_path.write_text(report.model_dump_json(indent=2))
         artifacts[REPORT] = report_path
@@ -739,11 +786,11 @@ class SandboxRunner:
             if data is None:
                 continue
             if name == REPORT:
-                report = ReportDocument.model_validate_json(data)
+                report = _validated(ReportDocument, name, data)
             elif name == GRAPH:
-                GraphDocument.model_validate_json(data)
+                _validated(GraphDocument, name, data)
             elif name == SIGNATURE:
-                SignatureDocument.model_validate_json(data)
+                _validated(SignatureDocument, name, data)
             elif not data.startswith(_ZIP_MAGIC):
                 raise _Untrusted("program.pt2 is not a zip archive")
             found[name] = produced / name
@@ -755,6 +802,47 @@ class SandboxRunner:
         if report.status == "failed":
             found = {}
         return report, found
+
+    def _accept_outputs(self, produced: Path, into: Path) -> _Accepted | None:
+        """`_read_outputs` for a job that is still exiting: every file is copied into
+        `into` (out of the job's reach) as it is validated and hashed, so what is
+        accepted is what is kept, whatever the job's threads write afterwards. None
+        when the program is larger than `early_copy_bytes` (renamed after the exit
+        instead: copying it would cost more than the exit it overlaps)."""
+        s = self.settings
+        limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(mode=0o700, parents=True)
+        files: dict[str, Path] = {}
+        infos: dict[str, ArtifactInfo] = {}
+        report: ReportDocument | None = None
+        for name, limit in limits.items():
+            data = _read_regular(produced / name, limit, whole=True)
+            if data is None:
+                continue
+            if name == REPORT:
+                report = _validated(ReportDocument, name, data)
+                continue
+            _validated(GraphDocument if name == GRAPH else SignatureDocument, name, data)
+            files[name] = into / name
+            files[name].write_bytes(data)
+            infos[name] = ArtifactInfo(
+                name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest()
+            )
+        if report is None:
+            raise _Untrusted("no report.json")
+        if report.status == "failed":
+            shutil.rmtree(into, ignore_errors=True)
+            return _Accepted(report, {}, {}, into)
+        copied = _copy_regular(produced / PROGRAM, into / PROGRAM, s.max_program_bytes)
+        if copied is not None:
+            if copied.size > s.early_copy_bytes:
+                shutil.rmtree(into, ignore_errors=True)
+                return None
+            files[PROGRAM], infos[PROGRAM] = into / PROGRAM, copied
+        if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
+            raise _Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
+        return _Accepted(report, files, infos, into)
 
     def _run_unsandboxed(
         self,
@@ -785,6 +873,9 @@ class SandboxRunner:
         report_path.write_text(report.model_dump_json(indent=2))
         artifacts = {**result.artifacts, REPORT: report_path}
         return SandboxResult(report=report, artifacts=artifacts, error=report.error)
+
+
+Document = TypeVar("Document", bound=BaseModel)
 
 
 class _Untrusted(ValueError):
@@ -916,21 +1007,63 @@ def _environment() -> Environment:
     )
 
 
-def _read_regular(path: Path, limit: int, *, whole: bool) -> bytes | None:
-    """A file a job wrote: a regular file (no links), at most `limit` bytes."""
+def _open_regular(path: Path, limit: int) -> BinaryIO | None:
+    """A file a job wrote, open for reading: a regular file (no links), at most `limit`
+    bytes when opened; None when there is no such file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise _Untrusted(f"{path.name} cannot be opened safely ({exc.strerror})") from exc
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not (info.st_mode & 0o170000 == 0o100000):
-            raise _Untrusted(f"{path.name} is not a regular file")
-        if info.st_size > limit:
-            raise _Untrusted(f"{path.name} is larger than {limit} bytes")
+    handle = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        handle.close()
+        raise _Untrusted(f"{path.name} is not a regular file")
+    if info.st_size > limit:
+        handle.close()
+        raise _Untrusted(f"{path.name} is larger than {limit} bytes")
+    return handle
+
+
+def _read_regular(path: Path, limit: int, *, whole: bool) -> bytes | None:
+    """A file a job wrote (see `_open_regular`): all of it, or its first 4 bytes."""
+    handle = _open_regular(path, limit)
+    if handle is None:
+        return None
+    with handle:
         return handle.read(limit if whole else 4)
+
+
+def _validated(document: type[Document], name: str, data: bytes) -> Document:
+    """A result document the job wrote, or `_Untrusted` saying where it is wrong."""
+    try:
+        return document.model_validate_json(data)
+    except ValidationError as exc:
+        where = ", ".join(".".join(map(str, e["loc"])) or "(top)" for e in exc.errors()[:3])
+        raise _Untrusted(f"{name} does not match its schema (at {where})") from None
+
+
+def _copy_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
+    """Copy a zip archive a job wrote (see `_open_regular`) to `target`, hashing what is
+    copied and stopping at `limit` bytes; None when there is no such file."""
+    source = _open_regular(path, limit)
+    if source is None:
+        return None
+    digest, size = hashlib.sha256(), 0
+    with source, target.open("xb") as copy:
+        while chunk := source.read(1 << 20):
+            if size == 0 and not chunk.startswith(_ZIP_MAGIC):
+                raise _Untrusted(f"{path.name} is not a zip archive")
+            size += len(chunk)
+            if size > limit:  # it grew while being read
+                raise _Untrusted(f"{path.name} is larger than {limit} bytes")
+            digest.update(chunk)
+            copy.write(chunk)
+    if size == 0:
+        raise _Untrusted(f"{path.name} is not a zip archive")
+    return ArtifactInfo(name=path.name, size=size, sha256=digest.hexdigest())
 
 
 def _rss(pid: int) -> int:

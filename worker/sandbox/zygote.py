@@ -643,6 +643,8 @@ class Zygote:
             self.spare_failures += 1
             if self.spare_failures >= MAX_SPARE_FAILURES:
                 self.spares_enabled = False
+                for other in list(self.spares.values()):  # as the log line says
+                    self._drop_spare(other, failed=False)
                 print(
                     f"torchport zygote: {self.spare_failures} spares died before they were "
                     "ready; jobs get fresh forks from now on",

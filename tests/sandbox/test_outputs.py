@@ -1,0 +1,92 @@
+"""The worker's side of a job's outputs (runner._read_outputs after the exit,
+runner._accept_outputs while the child exits): untrusted files in, validated copies or
+`_Untrusted` out, never another exception."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engine.model import Upload
+from engine.pipeline import ExportRequest, run_export
+from schemas import ExportOptions
+from tests.sandbox.conftest import MODELS, digest
+from worker.sandbox import SandboxRunner, SandboxSettings
+from worker.sandbox.runner import _Untrusted
+
+
+@pytest.fixture(scope="module")
+def produced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What a job child leaves in its out dir (no artifact digests: the worker's job)."""
+    root = tmp_path_factory.mktemp("produced")
+    result = run_export(
+        ExportRequest(
+            upload=Upload(model=MODELS / "hostile_benign.py"),
+            options=ExportOptions(),
+            out_dir=root / "out",
+            work_dir=root / "work",
+            digest_artifacts=False,
+        )
+    )
+    assert result.succeeded and result.report.artifacts == []
+    return root / "out"
+
+
+@pytest.fixture
+def outputs(produced: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(produced, tmp_path / "out"))
+
+
+def runner(**settings: int) -> SandboxRunner:
+    return SandboxRunner(SandboxSettings(**settings))  # not started: no zygote needed
+
+
+def test_accepted_outputs_are_copies_hashed_as_copied(outputs: Path, tmp_path: Path) -> None:
+    accepted = runner()._accept_outputs(outputs, tmp_path / "accepted")
+    assert accepted is not None and accepted.report.status == "succeeded"
+    assert set(accepted.files) == {"program.pt2", "graph.json", "signature.json"}
+    for name, path in accepted.files.items():
+        assert path.parent == tmp_path / "accepted"
+        info = accepted.infos[name]
+        assert (info.size, info.sha256) == (path.stat().st_size, digest(path))
+        assert digest(path) == digest(outputs / name)
+    # What the job does to its files afterwards does not reach the copies.
+    (outputs / "program.pt2").write_bytes(b"PK\x03\x04 rewritten")
+    assert digest(accepted.files["program.pt2"]) == accepted.infos["program.pt2"].sha256
+
+
+def test_a_program_over_the_early_copy_size_waits_for_the_exit(
+    outputs: Path, tmp_path: Path
+) -> None:
+    small = runner(early_copy_bytes=1024)
+    assert small._accept_outputs(outputs, tmp_path / "accepted") is None
+    assert not (tmp_path / "accepted").exists()
+
+
+def _replace_with_link(path: Path, target: Path) -> None:
+    path.unlink()
+    path.symlink_to(target)
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda out: (out / "report.json").write_text('{"status": "succeeded"}'),
+        lambda out: (out / "graph.json").write_text('{"nodes": "none"}'),
+        lambda out: _replace_with_link(out / "graph.json", Path("/etc/hostname")),
+        lambda out: (out / "program.pt2").write_bytes(b"not a zip"),
+        lambda out: (out / "signature.json").unlink(),
+    ],
+    ids=["forged report", "bad graph", "graph as a link", "program not a zip", "missing file"],
+)
+def test_bad_outputs_are_untrusted_before_and_after_the_exit(
+    outputs: Path, tmp_path: Path, forge: Callable[[Path], object]
+) -> None:
+    forge(outputs)
+    with pytest.raises(_Untrusted):
+        runner()._accept_outputs(outputs, tmp_path / "accepted")
+    with pytest.raises(_Untrusted):
+        runner()._read_outputs(outputs)
