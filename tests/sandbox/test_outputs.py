@@ -4,6 +4,7 @@ runner._accept_outputs while the child exits): untrusted files in, validated cop
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from engine.model import Upload
 from engine.pipeline import ExportRequest, run_export
 from schemas import ExportOptions
-from tests.sandbox.conftest import MODELS, digest
+from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner
 from worker.sandbox import SandboxRunner, SandboxSettings
 from worker.sandbox.runner import _Untrusted
 
@@ -90,3 +91,21 @@ def test_bad_outputs_are_untrusted_before_and_after_the_exit(
         runner()._accept_outputs(outputs, tmp_path / "accepted")
     with pytest.raises(_Untrusted):
         runner()._read_outputs(outputs)
+
+
+def test_staging_is_deleted_after_the_job_and_a_crashed_workers_trash_at_start(
+    arena: Arena, tmp_path: Path
+) -> None:
+    result, _, _ = arena.run(arena.model("benign"))
+    assert result.report.status == "succeeded", result.error
+    assert arena.runner.wait_for_cleanup(30)
+    assert arena.runner.work_root is not None
+    staged = f"{os.getpid()}-"  # this process's jobs (the arena keeps an "other-job")
+    assert [p.name for p in arena.runner.jobs_root.iterdir() if p.name.startswith(staged)] == []
+    assert list((arena.runner.work_root / "trash").iterdir()) == []
+    # A worker that died mid-cleanup left a staging directory in the trash.
+    left = tmp_path / "work" / "trash" / "1234-0-deadbeef"
+    (left / "out").mkdir(parents=True)
+    (left / "out" / "program.pt2").write_bytes(b"PK\x03\x04")
+    with fresh_runner(work_root=tmp_path / "work", spares=False):
+        assert not left.exists()

@@ -222,6 +222,7 @@ class SandboxRunner:
         self._owned_root: Path | None = None
         self._counter = itertools.count()
         self._gpu: GpuAccess | None = None
+        self._cleaner: _Cleaner | None = None
         self.work_root = self.settings.work_root
         self.restarts = 0
 
@@ -242,6 +243,7 @@ class SandboxRunner:
         os.chmod(self.work_root, 0o711)  # the job uid must traverse it to its own dir
         self.jobs_root.mkdir(exist_ok=True)
         os.chmod(self.jobs_root, 0o711)
+        self._cleaner = _Cleaner(self.work_root / "trash")
         warm = self.jobs_root / ".warm"
         warm.mkdir(exist_ok=True)
         os.chmod(warm, 0o700)
@@ -279,6 +281,9 @@ class SandboxRunner:
             if self._zygote is not None:
                 self._zygote.stop()
                 self._zygote = None
+        if self._cleaner is not None:
+            self._cleaner.close()
+            self._cleaner = None
         if self._owned_root is not None:
             shutil.rmtree(self._owned_root, ignore_errors=True)
             self._owned_root = None
@@ -454,7 +459,15 @@ class SandboxRunner:
                 job, options, job_id, staging, spec, on_progress, cancel, started
             )
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if self._cleaner is not None:
+                self._cleaner.remove(staging)
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def wait_for_cleanup(self, timeout: float) -> bool:
+        """Wait until the staging directories of finished jobs are deleted (that happens
+        in the background, after `run` returned); False if not within `timeout`."""
+        return self._cleaner is None or self._cleaner.flush(timeout)
 
     def _stage(self, job: SandboxJob, staging: Path) -> dict[str, Any]:
         """Copy the uploads into a fresh directory only this job's uid can enter."""
@@ -876,6 +889,51 @@ class SandboxRunner:
 
 
 Document = TypeVar("Document", bound=BaseModel)
+
+
+class _Cleaner:
+    """Deletes finished jobs' staging directories off the jobs' critical path: each is
+    renamed into `trash` (the job's processes are all gone by then) and deleted by one
+    background thread. Deleting one took 1-15 ms here (ext4 with online discard).
+    Whatever a crashed worker left in `trash` is deleted when the next one starts."""
+
+    def __init__(self, trash: Path) -> None:
+        shutil.rmtree(trash, ignore_errors=True)
+        trash.mkdir(mode=0o700, parents=True)
+        self.trash = trash
+        self._queue: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="sandbox-cleaner", daemon=True)
+        self._thread.start()
+
+    def remove(self, directory: Path) -> None:
+        target = self.trash / directory.name
+        try:
+            os.rename(directory, target)
+        except FileNotFoundError:
+            return
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        with self._idle:
+            self._pending += 1
+        self._queue.put(target)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (directory := self._queue.get()) is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
 
 
 class _Untrusted(ValueError):
