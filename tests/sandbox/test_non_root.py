@@ -23,11 +23,11 @@ from pathlib import Path
 from worker.sandbox import SandboxJob, SandboxRunner, SandboxSettings
 work, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
 out = {"uid": __import__("os").getuid(), "jobs": {}}
-with SandboxRunner(SandboxSettings(work_root=work)) as runner:
-    # Each job twice: handed to a ready spare, then at once again (a fresh fork).
-    for mode in ("spare", "fresh"):
+# Each job twice: handed to a ready spare, then by a runner without spares (a fresh fork).
+for mode, spares in (("spare", True), ("fresh", False)):
+    with SandboxRunner(SandboxSettings(work_root=work / mode, spares=spares)) as runner:
         for name, model in jobs.items():
-            if mode == "spare":
+            if spares:
                 assert runner.wait_for_spares(120)
             job_dir = work.parent / ("job-" + mode + "-" + name)
             result = runner.run(SandboxJob(model=Path(model), inputs=None, weights=None,

@@ -38,20 +38,36 @@ def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
     runner = spare_arena.runner
     first, _, _ = spare_arena.run(spare_arena.model("benign"))  # waits, runs in the spare
     assert first.report.sandbox is not None and first.report.sandbox.details["spare"] is True
-    # The next job comes at once: the new spares are still warming, so they are killed
-    # and the job gets a fresh fork (with a fresh loader).
+    # The next job comes at once: the new spares are still faulting in their learned
+    # pages (~50 ms), so the job gets a fresh fork, which faults them in itself before
+    # its lockdown (pages.py). The spares are left to finish: the loader spare is ready
+    # long before the round trip and takes it.
     second = _run(runner, spare_arena, "back-to-back")
     assert second.report.status == "succeeded", second.error
     assert second.report.sandbox is not None
     assert second.report.sandbox.details["spare"] is False
-    assert second.report.sandbox.details["roundtrips"] == {"loaders": 1, "in_spares": 0}
-    # The fresh fork faulted in, before its lockdown, what the first spare's warm-up
-    # touched (pages.py); the job ran as any other.
     assert first.report.sandbox.details["prefault"] is False
     assert second.report.sandbox.details["prefault"] is True
-    # Killed spares were reaped, and exactly one of each kind is made again.
+    assert second.report.sandbox.details["roundtrips"] == {"loaders": 1, "in_spares": 1}
+    # Exactly one spare of each kind is ready again.
     assert runner.wait_for_spares(SPARE_WAIT_S)
     assert len(runner.zygote_children()) == 2
+
+
+def test_spares_warming_up_the_slow_way_are_killed_for_work(arena: Arena) -> None:
+    with fresh_runner() as runner:
+        # At once after the start, nothing is learned yet: the first spares run the
+        # whole-pipeline warm-up (~700 ms), which would share the CPU with the job.
+        job = _run(runner, arena, "first")
+        assert job.report.status == "succeeded", job.error
+        assert job.report.sandbox is not None
+        details = job.report.sandbox.details
+        assert (details["spare"], details["prefault"]) == (False, False)
+        assert details["roundtrips"] == {"loaders": 1, "in_spares": 0}
+        # Made again once the job ended; they learn their pages.
+        assert runner.wait_for_spares(SPARE_WAIT_S)
+        assert len(runner.zygote_children()) == 2
+        assert set(runner.learned_pages()) == {"job", "loader"}
 
 
 def test_the_first_spares_learn_the_pages_their_warm_up_touched(spare_arena: Arena) -> None:

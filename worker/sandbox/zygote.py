@@ -15,9 +15,10 @@ touched (pages.py); later spares, and fresh forks when no spare is ready, fault 
 pages in with madvise instead (~50 ms against ~750 ms). A spare then says `ready` and
 waits on a private socket. The next CPU job (or round trip) is handed to the ready
 spare, which only then locks itself down exactly as a freshly forked child would and
-runs it. A spare still warming when work arrives is killed and the work gets a fresh
-fork, so spares never compete with a job for the CPU. GPU jobs always get a fresh
-fork, never prefaulted.
+runs it. Work that finds no spare ready gets a fresh fork; a spare still running the
+slow warm-up is killed then (it would compete with the job for the CPU), one faulting
+in learned pages is left to finish. GPU jobs always get a fresh fork, never
+prefaulted.
 
 Messages (worker → zygote): `config`, `run` (with two fds: progress, output),
 `kill`. (zygote → worker): `hello`, `started`, `exited`.
@@ -601,15 +602,19 @@ class Zygote:
         self._drop_spare(spare, failed=True)
 
     def _take_spare(self, kind: str) -> _Spare | None:
-        """The ready spare of this kind, now owned by the caller. Spares still warming
-        are killed: work never waits for one, nor shares the CPU with one."""
+        """The ready spare of this kind, now owned by the caller. Work never waits for a
+        spare still warming. One warming up the slow way (~700 ms: nothing learned for
+        its kind yet) is killed, so as not to share the CPU with the work; one faulting
+        in learned pages (~50 ms) is left to finish, for the round trip or the next job."""
         for other in list(self.spares.values()):
-            if not other.ready:
+            if not other.ready and other.kind not in self.pages:
                 self._drop_spare(other, failed=False)
-        spare = self.spares.pop(kind, None)
-        if spare is not None:
-            self.selector.unregister(spare.sock)
-            self._tell_spares()
+        spare = self.spares.get(kind)
+        if spare is None or not spare.ready:
+            return None
+        del self.spares[kind]
+        self.selector.unregister(spare.sock)
+        self._tell_spares()
         return spare
 
     def _tell_spares(self) -> None:
