@@ -2,8 +2,10 @@
 
     python bench/sandbox_overhead.py [--runs 9] [--json OUT]
 
-Three timings per model, interleaved run by run so that drifts in machine load hit all
-of them alike (medians over `--runs`):
+Four timings per model, interleaved run by run so that drifts in machine load hit all
+of them alike (medians over `--runs`). Each round: same work, idle, back to back,
+repeated; the same-work run comes right before the idle one it is paired with, and
+0.1 s passes after each in-process run before a sandboxed one starts (`SETTLE_S`):
 
 - sandboxed, idle worker: the job arrives at a worker whose zygote has its spare job
   child and spare loader child warm (`SandboxRunner.wait_for_spares`); the report
@@ -66,6 +68,9 @@ example_args = (torch.randn(2, 32, 256),)
 """
 
 MODELS = {"tiny (Linear 8→8)": TINY, "transformer block (d=256, 4 heads, ff=1024)": BLOCK}
+SETTLE_S = 0.1
+"""After an in-process run: this process's OpenMP threads spin-wait for more work for a
+while (libgomp's default spin count), taking a core from a sandboxed job run next."""
 
 
 def rss_mb(pid: int | str = "self") -> float:
@@ -166,12 +171,14 @@ def main() -> None:
     try:
         for run in range(args.runs + 1):
             for name, path in files.items():
-                assert runner.wait_for_spares(60)
-                idle = sandboxed(path, want_spare=True)
-                back = sandboxed(path, want_spare=False)
                 assert runner.wait_for_spares(60)  # nothing else runs while in-process runs
                 same_work = in_process(path, reset=True)
-                repeated = in_process(path, reset=False)  # right after: this model is cached
+                time.sleep(SETTLE_S)
+                idle = sandboxed(path, want_spare=True)
+                back = sandboxed(path, want_spare=False)
+                assert runner.wait_for_spares(60)
+                repeated = in_process(path, reset=False)  # this model's shapes are cached
+                time.sleep(SETTLE_S)
                 if run:  # the first round warms the page cache for each model's files
                     values = (idle, back, same_work, repeated)
                     for kind, value in zip(kinds, values, strict=True):
