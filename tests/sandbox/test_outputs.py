@@ -1,5 +1,5 @@
-"""The worker's side of a job's outputs (runner._read_outputs after the exit,
-runner._accept_outputs while the child exits): untrusted files in, validated copies or
+"""The worker's side of a job's outputs (runner._take_outputs, after the exit and
+while the child exits): untrusted files in, validated copies or
 `_Untrusted` out, never another exception."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def runner(**settings: int) -> SandboxRunner:
 
 
 def test_accepted_outputs_are_copies_hashed_as_copied(outputs: Path, tmp_path: Path) -> None:
-    accepted = runner()._accept_outputs(outputs, tmp_path / "accepted")
+    accepted = runner()._take_outputs(outputs, tmp_path / "accepted")
     assert accepted is not None and accepted.report.status == "succeeded"
     assert set(accepted.files) == {"program.pt2", "graph.json", "signature.json"}
     for name, path in accepted.files.items():
@@ -63,7 +63,7 @@ def test_a_program_over_the_early_copy_size_waits_for_the_exit(
     outputs: Path, tmp_path: Path
 ) -> None:
     small = runner(early_copy_bytes=1024)
-    assert small._accept_outputs(outputs, tmp_path / "accepted") is None
+    assert small._take_outputs(outputs, tmp_path / "accepted") is None
     assert not (tmp_path / "accepted").exists()
 
 
@@ -88,9 +88,9 @@ def test_bad_outputs_are_untrusted_before_and_after_the_exit(
 ) -> None:
     forge(outputs)
     with pytest.raises(_Untrusted):
-        runner()._accept_outputs(outputs, tmp_path / "accepted")
+        runner()._take_outputs(outputs, tmp_path / "accepted")
     with pytest.raises(_Untrusted):
-        runner()._read_outputs(outputs)
+        runner()._take_outputs(outputs)
 
 
 def test_staging_is_deleted_after_the_job_and_a_crashed_workers_trash_at_start(

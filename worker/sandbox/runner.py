@@ -84,13 +84,15 @@ class _Watch:
 
 @dataclass
 class _Accepted:
-    """A job's outputs as the worker took them: validated, copied where the job cannot
-    reach them (so nothing it does afterwards changes them), hashed as copied."""
+    """A job's outputs as the worker took them (`_take_outputs`): validated, and when
+    taken while the job exits, copied where it cannot reach them and hashed as copied."""
 
     report: ReportDocument
     files: dict[str, Path]
     infos: dict[str, ArtifactInfo]
-    directory: Path
+    """Size and SHA-256 of each copy, as copied (empty when taken after the exit)."""
+    directory: Path | None
+    """Where the copies are (None when taken after the exit)."""
 
 
 class _Zygote:
@@ -568,7 +570,7 @@ class SandboxRunner:
             # The child's address space takes milliseconds to tear down (12 ms for a
             # transformer block); the outputs are read back meanwhile, into copies.
             try:
-                watch.accepted = self._accept_outputs(staging / "out", accepted_dir)
+                watch.accepted = self._take_outputs(staging / "out", accepted_dir)
             except (_Untrusted, OSError):
                 shutil.rmtree(accepted_dir, ignore_errors=True)  # read again after the exit
 
@@ -728,13 +730,13 @@ class SandboxRunner:
         found: dict[str, Path] = {}
         infos: dict[str, ArtifactInfo] = {}
         accepted = watch.accepted if watch is not None else None
-        if accepted is not None and (error is not None or produced is None):
-            shutil.rmtree(accepted.directory, ignore_errors=True)
-        elif accepted is not None:
+        if accepted is not None and error is None:
             report, found, infos = accepted.report, accepted.files, accepted.infos
         elif produced is not None and error is None:
             try:
-                report, found = self._read_outputs(produced)
+                taken = self._take_outputs(produced)
+                assert taken is not None  # only a copy is ever declined
+                report, found = taken.report, taken.files
             except _Untrusted as exc:
                 error = ErrorBody(
                     code="internal_error",
@@ -757,7 +759,7 @@ class SandboxRunner:
             except OSError:
                 shutil.copyfile(path, target)
             artifacts[name] = target
-        if accepted is not None:
+        if accepted is not None and accepted.directory is not None:
             shutil.rmtree(accepted.directory, ignore_errors=True)
         report.sandbox = SandboxReport(layers=self._layers(watch), details=details)
         report.artifacts = [
@@ -789,43 +791,25 @@ class SandboxRunner:
             layers_in_force.append("bwrap")
         return layers_in_force
 
-    def _read_outputs(self, produced: Path) -> tuple[ReportDocument, dict[str, Path]]:
-        s = self.settings
-        limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
-        limits[PROGRAM] = s.max_program_bytes
-        found: dict[str, Path] = {}
-        for name, limit in limits.items():
-            data = _read_regular(produced / name, limit, whole=name != PROGRAM)
-            if data is None:
-                continue
-            if name == REPORT:
-                report = _validated(ReportDocument, name, data)
-            elif name == GRAPH:
-                _validated(GraphDocument, name, data)
-            elif name == SIGNATURE:
-                _validated(SignatureDocument, name, data)
-            elif not data.startswith(_ZIP_MAGIC):
-                raise _Untrusted("program.pt2 is not a zip archive")
-            found[name] = produced / name
-        if REPORT not in found:
-            raise _Untrusted("no report.json")
-        found.pop(REPORT)
-        if report.status == "succeeded" and set(found) != {PROGRAM, GRAPH, SIGNATURE}:
-            raise _Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
-        if report.status == "failed":
-            found = {}
-        return report, found
+    def _take_outputs(self, produced: Path, into: Path | None = None) -> _Accepted | None:
+        """A job's outputs, checked as untrusted data: regular files (no links), size
+        limits, documents validated against their schemas, the program a zip archive.
 
-    def _accept_outputs(self, produced: Path, into: Path) -> _Accepted | None:
-        """`_read_outputs` for a job that is still exiting: every file is copied into
-        `into` (out of the job's reach) as it is validated and hashed, so what is
-        accepted is what is kept, whatever the job's threads write afterwards. None
-        when the program is larger than `early_copy_bytes` (renamed after the exit
-        instead: copying it would cost more than the exit it overlaps)."""
+        After the job's exit (`into` None) they are taken where they are. While it is
+        still exiting, each is copied into `into` (out of the job's reach) as it is
+        validated and hashed, so what is accepted is what is kept, whatever the job's
+        threads write afterwards; None then when the program is larger than
+        `early_copy_bytes` (moved after the exit instead: copying it would cost more
+        than the exit it overlaps)."""
         s = self.settings
+        program = produced / PROGRAM
+        if into is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if program.lstat().st_size > s.early_copy_bytes:
+                    return None
+            shutil.rmtree(into, ignore_errors=True)
+            into.mkdir(mode=0o700, parents=True)
         limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
-        shutil.rmtree(into, ignore_errors=True)
-        into.mkdir(mode=0o700, parents=True)
         files: dict[str, Path] = {}
         infos: dict[str, ArtifactInfo] = {}
         report: ReportDocument | None = None
@@ -837,22 +821,30 @@ class SandboxRunner:
                 report = _validated(ReportDocument, name, data)
                 continue
             _validated(GraphDocument if name == GRAPH else SignatureDocument, name, data)
-            files[name] = into / name
-            files[name].write_bytes(data)
-            infos[name] = ArtifactInfo(
-                name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest()
-            )
+            files[name] = produced / name
+            if into is not None:
+                files[name] = into / name
+                files[name].write_bytes(data)
+                infos[name] = ArtifactInfo(
+                    name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest()
+                )
+        if into is None:
+            head = _read_regular(program, s.max_program_bytes, whole=False)
+            if head is not None:
+                if not head.startswith(_ZIP_MAGIC):
+                    raise _Untrusted("program.pt2 is not a zip archive")
+                files[PROGRAM] = program
+        else:
+            copied = _copy_regular(program, into / PROGRAM, s.max_program_bytes)
+            if copied is not None:
+                if copied.size > s.early_copy_bytes:  # it grew while being copied
+                    shutil.rmtree(into, ignore_errors=True)
+                    return None
+                files[PROGRAM], infos[PROGRAM] = into / PROGRAM, copied
         if report is None:
             raise _Untrusted("no report.json")
         if report.status == "failed":
-            shutil.rmtree(into, ignore_errors=True)
             return _Accepted(report, {}, {}, into)
-        copied = _copy_regular(produced / PROGRAM, into / PROGRAM, s.max_program_bytes)
-        if copied is not None:
-            if copied.size > s.early_copy_bytes:
-                shutil.rmtree(into, ignore_errors=True)
-                return None
-            files[PROGRAM], infos[PROGRAM] = into / PROGRAM, copied
         if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
             raise _Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
         return _Accepted(report, files, infos, into)

@@ -46,7 +46,7 @@ class SandboxSettings:
     max_program_bytes: int = 8 << 30
     early_copy_bytes: int = 64 << 20
     """Programs up to this size are copied out of the job's reach and hashed while the
-    job child exits; larger ones are moved after the exit (runner._accept_outputs)."""
+    job child exits; larger ones are moved after the exit (runner._take_outputs)."""
     max_log_bytes: int = 1 << 20
     max_progress_line: int = 1 << 14
     start_timeout_s: float = 180

@@ -275,16 +275,18 @@ class Zygote:
         spare = None if gpu else self._take_spare("job")
         fds = [progress_fd, output_fd, req_w, ans_r]
         in_spare = spare is not None and self._hand_over(spare, {"op": "job", "run": message}, fds)
+        prefault = None
         if spare is not None and in_spare:
             pid = spare.pid
             extra_rss_mb = max(0, spare.rss_mb - self.rss_mb)
         else:
             extra_rss_mb = 0
             conf = self._job_confinement(dirs, limits, gpu, fds)
+            prefault = None if gpu else self.pages.get("job")
             pid = os.fork()
             if pid == 0:
                 work = lambda: child.run_export_job(message["spec"])  # noqa: E731
-                self._become_child(conf, work, prefault=None if gpu else self.pages.get("job"))
+                self._become_child(conf, work, prefault=prefault)
         os.close(req_w)
         os.close(ans_r)
         job = _Job(job_id, pid, os.dup(output_fd), req_r, ans_w, dirs, limits, gpu=gpu)
@@ -297,7 +299,7 @@ class Zygote:
                 "id": job_id,
                 "pid": pid,
                 "spare": in_spare,
-                "prefault": not in_spare and not gpu and "job" in self.pages,
+                "prefault": prefault is not None,
                 "extra_rss_mb": extra_rss_mb,
             },
         )
