@@ -1,12 +1,14 @@
 """The DECOMPOSE stage: `run_decompositions` with the table the options ask for.
 
-Modes (CONTRACT.md §2): `core_aten` decomposes with `torch.export.default_decompositions()`
+Modes (docs/contract.md §2): `core_aten` decomposes with `torch.export.default_decompositions()`
 minus the ops in `preserve`; `none` returns the program as `torch.export.export` made
 it; `custom` decomposes only the ops in `decompose`. `core_aten` and `custom` both give
 the functional (inference) IR, where buffer mutations are explicit graph outputs.
 
 When `run_decompositions` fails and `keep_failing_ops` is on, the stage looks for the
-fewest ops to keep undecomposed that let it pass. Only ops that have an entry in the
+fewest ops to keep undecomposed that let it pass. The same search runs (from the
+pipeline, `keep_until_verified`) when the decomposed program fails verification while
+the program before decomposition passes. Only ops that have an entry in the
 table can be kept (composite ops and ops with a Python decomposition); the search tries
 the op of the node torch names in its error first, then all candidates, then shrinks
 the kept set by delta debugging to a set from which no op can be dropped.
@@ -23,7 +25,9 @@ of the export IR must accept anyway.
 
 from __future__ import annotations
 
+import copy
 import re
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -82,16 +86,14 @@ def decompose(
         DecompositionFailed: `run_decompositions` failed and no set of kept ops fixes it
             (or `keep_failing_ops` is off).
     """
-    preserve = [resolve_op(name) for name in opts.preserve]
-    to_decompose = [resolve_op(name) for name in opts.decompose]
+    for name in [*opts.preserve, *opts.decompose]:
+        resolve_op(name)  # a wrong name is an InvalidRequest in every mode
     warnings: list[ReportWarning] = []
     kept: list[Any] = []
     if opts.mode == "none":
         final = ep
     else:
-        table = _table(opts.mode, to_decompose, warnings)
-        for op in preserve:
-            table.pop(op, None)
+        table = _options_table(opts, warnings)
         final, kept = _run(ep, table, opts.keep_failing_ops, source_map)
     if kept:
         names = [str(op) for op in kept]
@@ -103,22 +105,85 @@ def decompose(
                     + ", ".join(names)
                     + ". Add them to decomposition.preserve to make that explicit."
                 ),
-                details={"ops": names},
+                details={"ops": names, "reason": "decomposition_failed"},
             )
         )
-    before = op_histogram(ep.graph_module)
-    after = op_histogram(final.graph_module)
-    report = DecompositionReport(
-        mode=opts.mode,
-        preserve=[str(op) for op in preserve],
-        ops_before=before,
-        ops_after=after,
-        removed_ops=sorted(set(before) - set(after)),
-        added_ops=sorted(set(after) - set(before)),
-        non_core_aten_ops=non_core_aten_ops(final.graph_module),
-        kept_after_failure=[str(op) for op in kept],
+    return Decomposed(ep=final, report=_report(ep, final, opts, kept), warnings=warnings)
+
+
+def keep_until_verified(
+    ep: ExportedProgram,
+    opts: DecompositionOptions,
+    decomposed: Decomposed,
+    passes: Callable[[ExportedProgram], bool],
+    *,
+    failure: str,
+    example: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+) -> Decomposed | None:
+    """A decomposition that verifies, keeping the fewest ops undecomposed; None if none does.
+
+    For a decomposed program that fails verification (it raises, or its outputs differ)
+    while `ep`, the program before decomposition, passes: only ops of `ep` that the
+    table decomposes can be kept. When the decomposed program raises on `example`, the
+    op its failing node was decomposed from is tried alone first; otherwise (or when
+    that is not enough) every candidate is kept and the set is shrunk by delta
+    debugging (`shrink`). Every trial is one `run_decompositions` and one `passes`.
+
+    Args:
+        ep: the traced program `decomposed` was made from; not modified.
+        opts: the options `decompose` ran with (mode other than "none").
+        decomposed: what `decompose` returned; ops it already kept stay kept.
+        passes: whether a program verifies (the caller's verification).
+        failure: why the decomposed program failed, for the warning.
+        example: (args, kwargs) to find the node a raising program fails at.
+    """
+    table = dict(_options_table(opts, []).items())
+    base = [resolve_op(name) for name in decomposed.report.kept_after_failure]
+    candidates = sorted(
+        {op for op in _op_targets(ep.graph_module) if op in table and op not in base}, key=str
     )
-    return Decomposed(ep=final, report=report, warnings=warnings)
+    if not candidates:
+        return None
+    results: dict[frozenset[Any], ExportedProgram | None] = {}
+
+    def attempt(keep: Iterable[Any]) -> ExportedProgram | None:
+        key = frozenset(keep)
+        if key not in results:
+            skip = key | set(base)
+            try:
+                trial = ep.run_decompositions({k: v for k, v in table.items() if k not in skip})
+            except Exception:  # a set that breaks the decomposition itself does not pass
+                results[key] = None
+            else:
+                results[key] = trial if passes(trial) else None
+        return results[key]
+
+    suspect = _raising_op(decomposed.ep, ep, example) if example is not None else None
+    if suspect in candidates and attempt([suspect]) is not None:
+        minimal = [suspect]
+    elif attempt(candidates) is not None:
+        minimal = shrink(candidates, lambda trial: attempt(trial) is not None)
+    else:
+        return None
+    final = results[frozenset(minimal)]
+    assert final is not None  # shrink only keeps passing sets
+    names = [str(op) for op in minimal]
+    warnings = [
+        *decomposed.warnings,
+        ReportWarning(
+            code="decomposition_ops_kept",
+            message=(
+                f"The decomposed program failed verification ({failure}) while the program "
+                "before decomposition passed, so these ops were kept as they are: "
+                + ", ".join(names)
+                + ". Add them to decomposition.preserve to make that explicit."
+            ),
+            details={"ops": names, "reason": "verification_failed", "failure": failure},
+        ),
+    ]
+    return Decomposed(
+        ep=final, report=_report(ep, final, opts, [*base, *minimal]), warnings=warnings
+    )
 
 
 def resolve_op(name: str) -> torch._ops.OpOverload:
@@ -193,6 +258,80 @@ def shrink(keep: Sequence[T], passes: Callable[[list[T]], bool]) -> list[T]:
 
 
 # --- internals ----------------------------------------------------------------------------
+
+
+def _options_table(opts: DecompositionOptions, warnings: list[ReportWarning]) -> Table:
+    """The table of a mode other than "none", without the preserved ops."""
+    preserve = [resolve_op(name) for name in opts.preserve]
+    table = _table(opts.mode, [resolve_op(name) for name in opts.decompose], warnings)
+    for op in preserve:
+        table.pop(op, None)
+    return table
+
+
+def _report(
+    ep: ExportedProgram, final: ExportedProgram, opts: DecompositionOptions, kept: list[Any]
+) -> DecompositionReport:
+    before = op_histogram(ep.graph_module)
+    after = op_histogram(final.graph_module)
+    return DecompositionReport(
+        mode=opts.mode,
+        preserve=[str(resolve_op(name)) for name in opts.preserve],
+        ops_before=before,
+        ops_after=after,
+        removed_ops=sorted(set(before) - set(after)),
+        added_ops=sorted(set(after) - set(before)),
+        non_core_aten_ops=non_core_aten_ops(final.graph_module),
+        kept_after_failure=[str(op) for op in kept],
+    )
+
+
+_CODE_LINE = re.compile(r"^\s*(?P<node>[A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+
+def _raising_op(
+    decomposed: ExportedProgram,
+    ep: ExportedProgram,
+    example: tuple[tuple[Any, ...], dict[str, Any]],
+) -> Any:
+    """The op of `ep` whose decomposition raised when `decomposed` ran on `example`.
+
+    Runs the program once; the traceback's frame in the generated graph code names the
+    node, whose `from_node` provenance names the node of `ep` it was decomposed from.
+    """
+    args, kwargs = copy.deepcopy(example)
+    try:
+        with torch.no_grad():
+            decomposed.module()(*args, **kwargs)
+    except Exception as exc:
+        names: list[str] = []
+        for frame, lineno in traceback.walk_tb(exc.__traceback__):
+            module = frame.f_locals.get("self")
+            generated = frame.f_code.co_filename.startswith("<eval_with_key")
+            if generated and isinstance(module, torch.fx.GraphModule):
+                lines = module.code.splitlines()
+                match = _CODE_LINE.match(lines[lineno - 1]) if 0 < lineno <= len(lines) else None
+                node = _node_named(module, match["node"]) if match else None
+                if node is not None:
+                    names = _provenance(node)
+        for name in names:
+            found = _node_named(ep.graph_module, name)
+            if found is not None and isinstance(found.target, torch._ops.OpOverload):
+                return found.target
+    return None
+
+
+def _provenance(node: torch.fx.Node) -> list[str]:
+    """Names of the nodes `node` was made from (`meta["from_node"]`), nearest first."""
+    names = [node.name]
+    pending = list(node.meta.get("from_node") or [])
+    while pending and len(names) < 64:
+        source = pending.pop(0)
+        name = getattr(source, "name", None)
+        if isinstance(name, str) and name not in names:
+            names.append(name)
+        pending.extend(getattr(source, "from_node", None) or [])
+    return names
 
 
 def _table(mode: str, to_decompose: list[Any], warnings: list[ReportWarning]) -> Table:

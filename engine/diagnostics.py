@@ -47,6 +47,7 @@ traceback chain (non-strict), and `File "…", line N` in the text.
 
 from __future__ import annotations
 
+import errno
 import re
 import traceback
 from collections.abc import Iterator
@@ -56,11 +57,13 @@ from engine import exportdb
 from engine.errors import (
     DataDependent,
     DecompositionFailed,
+    DiskQuotaExceeded,
     DynamicShapeViolation,
     ExportError,
     InternalError,
     InvalidInputs,
     MissingFakeKernel,
+    OutOfMemory,
     SerializationFailed,
     UnsupportedPython,
     VerificationFailed,
@@ -158,6 +161,38 @@ def classify(exc: BaseException, *, stage: str, source_map: SourceMap) -> Export
         details=details,
         exportdb=cause.exportdb,
     )
+
+
+def limit_reached(error: ExportError) -> ExportError | None:
+    """The job's own limit when one was what failed `error`, whatever the stage and
+    whatever code the stage gave it: memory (a `MemoryError`, torch's
+    `OutOfMemoryError`, ENOMEM) or the largest file it may write (EFBIG, RLIMIT_FSIZE).
+    The stage's code and message are kept in `details`. None when no limit was hit."""
+    for link in _chain(error):
+        if isinstance(link, MemoryError) or _errno(link) == errno.ENOMEM or _torch_oom(link):
+            return OutOfMemory(
+                "The job ran out of memory (over its memory_mb limit).",
+                stage=error.stage,
+                details={"original_code": error.code},
+            )
+        if _errno(link) == errno.EFBIG:
+            return DiskQuotaExceeded(
+                "The job wrote a file larger than the sandbox allows.",
+                stage=error.stage,
+                location=error.location,
+                details={"original_code": error.code, "original_message": error.message},
+            )
+    return None
+
+
+def _errno(exc: BaseException) -> int | None:
+    return exc.errno if isinstance(exc, OSError) else None
+
+
+def _torch_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError)
 
 
 def locate(exc: BaseException, source_map: SourceMap) -> SourceLocation | None:

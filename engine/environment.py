@@ -10,9 +10,10 @@ import torch
 from schemas import Environment
 
 
-def describe(device: str) -> Environment:
-    """Versions of torchport, torch and Python, the platform, and the GPU when used."""
-    from torchport import __version__
+def describe(device: str, libraries: dict[str, str] | None = None) -> Environment:
+    """Versions of torchport, torch and Python, the platform, the GPU when used, and the
+    third-party `libraries` the upload imported (torch always among them)."""
+    from schemas.version import __version__
 
     gpu = None
     cuda = None
@@ -27,4 +28,11 @@ def describe(device: str) -> Environment:
         device=device,
         cuda=cuda,
         gpu=gpu,
+        libraries=dict(
+            sorted({**(libraries or {}), "torch": torch.__version__}.items(), key=_lowercase)
+        ),
     )
+
+
+def _lowercase(item: tuple[str, str]) -> str:
+    return item[0].lower()

@@ -3,6 +3,7 @@
 ```
 ExportError                      (code, message, hint, stage, location, details, exportdb)
 ├── InvalidRequest               invalid_request
+├── EnvironmentMismatch          environment_mismatch
 ├── ModelImportFailed            model_import_failed
 ├── ModelNotFound                model_not_found
 ├── InvalidInputs                invalid_inputs
@@ -15,10 +16,13 @@ ExportError                      (code, message, hint, stage, location, details,
 ├── DecompositionFailed          decomposition_failed
 ├── VerificationFailed           verification_failed
 ├── SerializationFailed          serialization_failed
-├── Timeout / OutOfMemory / SandboxViolation / Canceled   (raised by the sandbox's parent)
+├── OutOfMemory                  out_of_memory        (a MemoryError in any stage)
+├── DiskQuotaExceeded            disk_quota_exceeded  (a file over RLIMIT_FSIZE: EFBIG)
 └── InternalError                internal_error — a bug of ours
 ```
 torch's own exceptions are turned into these in exactly one place, `engine.diagnostics`.
+Default hints come from the contract's catalogue (`schemas.outcomes`); the limits the
+sandbox enforces from outside (time, memory, disk, cancel) are judged by the runner.
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas import ErrorBody, SourceLocation
+from schemas.outcomes import outcome
 
 
 class ExportError(Exception):
     """An export failure a person can act on."""
 
     code: ClassVar[str] = "internal_error"
-    default_hint: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -46,7 +50,7 @@ class ExportError(Exception):
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.hint = hint if hint is not None else self.default_hint
+        self.hint = hint if hint is not None else outcome(self.code).hint
         self.stage = stage
         self.location = location
         self.details = details or {}
@@ -75,17 +79,16 @@ class InvalidRequest(ExportError):
     code = "invalid_request"
 
 
+class EnvironmentMismatch(ExportError):
+    code = "environment_mismatch"
+
+
 class ModelImportFailed(ExportError):
     code = "model_import_failed"
-    default_hint = "Fix the error in the uploaded module, or install the package it imports."
 
 
 class ModelNotFound(ExportError):
     code = "model_not_found"
-    default_hint = (
-        "Define `model` (an nn.Module instance or class, or a function of tensors) or "
-        "`get_model()` at module level, or name another symbol in the options."
-    )
 
 
 class InvalidInputs(ExportError):
@@ -94,12 +97,10 @@ class InvalidInputs(ExportError):
 
 class WeightsMismatch(ExportError):
     code = "weights_mismatch"
-    default_hint = "Upload the state dict saved from this exact model class."
 
 
 class EagerRunFailed(ExportError):
     code = "eager_run_failed"
-    default_hint = "The model fails on its example inputs before any export: fix it or the inputs."
 
 
 class UnsupportedPython(ExportError):
@@ -116,10 +117,6 @@ class DynamicShapeViolation(ExportError):
 
 class MissingFakeKernel(ExportError):
     code = "missing_fake_kernel"
-    default_hint = (
-        "Register a fake (meta) kernel for the custom operator with "
-        '`@torch.library.register_fake("ns::op")`, computing output shapes without data.'
-    )
 
 
 class DecompositionFailed(ExportError):
@@ -134,51 +131,13 @@ class SerializationFailed(ExportError):
     code = "serialization_failed"
 
 
-class Timeout(ExportError):
-    code = "timeout"
-    default_hint = "Raise `timeout_s`, or export a smaller configuration of the model."
-
-
 class OutOfMemory(ExportError):
     code = "out_of_memory"
-    default_hint = "Raise `memory_mb`, or use smaller example inputs."
 
 
-class SandboxViolation(ExportError):
-    code = "sandbox_violation"
-    default_hint = "Uploaded code may not use the network, start processes or leave its directory."
-
-
-class Canceled(ExportError):
-    code = "canceled"
+class DiskQuotaExceeded(ExportError):
+    code = "disk_quota_exceeded"
 
 
 class InternalError(ExportError):
     code = "internal_error"
-    default_hint = "This is a bug in torchport, not in your model; please report it."
-
-
-ERROR_TYPES: dict[str, type[ExportError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequest,
-        ModelImportFailed,
-        ModelNotFound,
-        InvalidInputs,
-        WeightsMismatch,
-        EagerRunFailed,
-        UnsupportedPython,
-        DataDependent,
-        DynamicShapeViolation,
-        MissingFakeKernel,
-        DecompositionFailed,
-        VerificationFailed,
-        SerializationFailed,
-        Timeout,
-        OutOfMemory,
-        SandboxViolation,
-        Canceled,
-        InternalError,
-    )
-}
-"""Code → error class, for rebuilding an error from its body."""

@@ -1,6 +1,6 @@
 """Example inputs: the uploaded inputs file, or the entry module's `example_args`.
 
-Three file formats (CONTRACT.md §1):
+Three file formats (docs/contract.md §1):
 - `.safetensors`: tensors named `args.0`, `args.1`, …, `kwargs.<name>`;
 - `.pt`: `torch.save` of `{"args": tuple, "kwargs": dict}` or of a tuple, read with
   `weights_only=True` and never with a pickle fallback;

@@ -1,6 +1,8 @@
 """The LOAD stage: uploaded source → imported module → `nn.Module` + example inputs.
 
 Steps, each failing with its own contract code (stage `loading`):
+0. check the options' `requires` against the installed distributions —
+   `environment_mismatch`;
 1. place the source under `workdir/src` (a `.py` is copied, a `.zip` is unpacked
    with path, symlink and size checks) — `invalid_request`;
 2. import the entry module under a real name in `sys.modules` (dynamo's strict
@@ -33,8 +35,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from engine import libraries as library_index
 from engine.errors import (
     EagerRunFailed,
+    EnvironmentMismatch,
     InvalidInputs,
     InvalidRequest,
     ModelImportFailed,
@@ -70,7 +74,12 @@ _modules_before_uploads: set[str] = set()
 
 
 def load(
-    upload: Upload, options: ExportOptions, workdir: Path, *, reference: bool = True
+    upload: Upload,
+    options: ExportOptions,
+    workdir: Path,
+    *,
+    reference: bool = True,
+    libraries: dict[str, str] | None = None,
 ) -> LoadedModel:
     """Load the uploaded model, its example inputs and weights, and run it once eagerly.
 
@@ -81,6 +90,9 @@ def load(
         upload: paths of the uploaded model (`.py` or `.zip`), inputs and weights.
         options: the export options (`symbol`, `entry`, `device` are used here).
         workdir: the job's scratch directory; the source goes to `workdir/src`.
+        libraries: filled in, even when loading fails, with the third-party
+            distributions (and versions) the upload imported while it was imported and
+            its model built, and torch (`libraries.imported_libraries`).
 
     Returns:
         The pristine module (never run), its inputs on the chosen device, the eager
@@ -88,7 +100,7 @@ def load(
 
     Raises:
         ExportError: with stage `loading` and one of the codes `invalid_request`,
-            `model_import_failed`, `model_not_found`, `invalid_inputs`,
+            `environment_mismatch`, `model_import_failed`, `model_not_found`, `invalid_inputs`,
             `weights_mismatch`, `eager_run_failed`.
     """
     if options.device == "cuda" and not torch.cuda.is_available():
@@ -98,12 +110,23 @@ def load(
             stage=STAGE,
             details={"device": "cuda"},
         )
+    check_requires(options.requires)
     root = workdir / "src"
     root.mkdir(parents=True, exist_ok=True)
     source_map = SourceMap(root)
     entry = place_source(upload.model, root, options.entry)
-    module = import_entry(root, entry, source_map)
-    model = resolve_model(module, options.symbol, source_map)
+    before = set(sys.modules)
+    module: ModuleType | None = None
+    try:
+        module = import_entry(root, entry, source_map)
+        model = resolve_model(module, options.symbol, source_map)
+    finally:
+        if libraries is not None:
+            libraries.update(
+                library_index.imported_libraries(
+                    before, modules=[module] if module else [], upload_root=root
+                )
+            )
     if upload.inputs is not None:
         args, kwargs = read_inputs(upload.inputs)
     else:
@@ -125,6 +148,32 @@ def load(
         eager_outputs=outputs,
         eager_buffers=buffers,
         device=options.device,
+    )
+
+
+def check_requires(requires: list[str]) -> None:
+    """Raise `environment_mismatch` unless every requirement of the options is met here.
+
+    Raises:
+        EnvironmentMismatch: details `requirements` (each with `requirement`, `name`,
+            `installed` — the version, or null — and `met`) and `unmet`.
+    """
+    if not requires:
+        return
+    checks = library_index.check_requirements(requires)
+    unmet = [check for check in checks if not check.met]
+    if not unmet:
+        return
+    described = ", ".join(
+        f"{check.requirement} (installed: {check.installed or 'none'})" for check in unmet
+    )
+    raise EnvironmentMismatch(
+        f"This worker does not meet the upload's requirements: {described}.",
+        stage=STAGE,
+        details={
+            "requirements": [check.as_details() for check in checks],
+            "unmet": [check.requirement for check in unmet],
+        },
     )
 
 
@@ -376,16 +425,29 @@ def _import_failed(exc: BaseException, entry: str, source_map: SourceMap) -> Mod
     hint = None
     if isinstance(exc, ModuleNotFoundError):
         details["missing_module"] = exc.name
-        hint = (
-            f"The module `{exc.name}` is not installed on the workers and not in the upload: "
-            "include it in a zip, or remove the import."
-        )
+        hint = _missing_module_hint(exc.name, source_map.root)
     return ModelImportFailed(
         f"Importing {entry} failed: {type(exc).__name__}: {source_map.scrub(str(exc))}",
         hint=hint,
         stage=STAGE,
         location=location,
         details=details,
+    )
+
+
+def _missing_module_hint(name: str | None, root: Path) -> str:
+    top = (name or "").partition(".")[0]
+    if top and ((root / top).is_dir() or (root / f"{top}.py").is_file()):
+        return (
+            f"The module `{name}` is not in the upload, though `{top}` is: add the missing "
+            "file to the zip, or fix the import."
+        )
+    return (
+        f"The module `{name}` is not installed on the workers and not in the upload. See "
+        "what the workers have (the Environment page, GET /v1/environment or `torchport "
+        "env`); name what the model needs in the `requires` option (e.g. "
+        f'"{top or name}>=1.0") so a worker without it says so up front; or include the '
+        "module in a zip, or remove the import."
     )
 
 

@@ -47,6 +47,7 @@ from schemas import (
     RoundtripCheck,
     StageRecord,
     TracingReport,
+    dynamic_shapes_adapter,
 )
 
 ProgressCallback = Callable[[Progress], None]
@@ -92,6 +93,8 @@ class _Run:
         self.sections: dict[str, Any] = {"tracing": TracingReport()}
         self.stage: str = "loading"
         self.source_map = SourceMap(request.work_dir / "src")
+        self.libraries: dict[str, str] = {}
+        """What the upload imported, for the report's environment (filled by loading)."""
 
     def emit(self, fraction: float, message: str = "") -> None:
         if self.progress is not None:
@@ -182,7 +185,7 @@ def run_export(
         warnings=run.warnings,
         error=error,
         draft_export=run.sections.get("draft_export"),
-        environment=environment.describe(request.options.device),
+        environment=environment.describe(request.options.device, libraries=run.libraries),
         artifacts=(
             [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
         ),
@@ -203,7 +206,9 @@ def _export(
     request, options = run.request, run.request.options
     reference = options.verify.enabled
     with run.step("loading", "importing the uploaded module"):
-        loaded = loading.load(request.upload, options, request.work_dir, reference=False)
+        loaded = loading.load(
+            request.upload, options, request.work_dir, reference=False, libraries=run.libraries
+        )
         # Before the eager run and portability wrapping: the inputs as the user gave them,
         # in the report even when the model then fails (the dynamic-shapes editor needs them).
         run.sections["inputs"] = inputs.summarize_inputs(
@@ -224,15 +229,25 @@ def _export(
             spec, source = loaded.module_dynamic_shapes, "module"
         else:
             spec, source = None, "none"
-        try:
-            traced = tracing.trace(loaded, options, spec, source)
-        except ExportError as exc:
-            run.sections["tracing"] = getattr(exc, "tracing_report", run.sections["tracing"])
-            if not reference and exc.code != "invalid_request":
-                _run_reference(loaded)  # a model that fails eagerly: say that instead
-            if options.draft_report and exc.code in DRAFT_WORTHY:
-                run.sections["draft_export"] = _draft(loaded, spec, source)
-            raise
+        traced: tracing.Traced | None = None
+        for retry in (False, True):
+            try:
+                traced = tracing.trace(loaded, options, spec, source)
+                break
+            except ExportError as exc:
+                run.sections["tracing"] = getattr(exc, "tracing_report", run.sections["tracing"])
+                _suggest_dynamic_shapes(run, source)
+                if not reference and exc.code != "invalid_request":
+                    _run_reference(loaded)  # a model that fails eagerly: say that instead
+                    if not retry and not made.mapping.wrapped and _unknown_output(exc):
+                        # an output object pytree does not know (a KV cache): wrap, retry
+                        made = _make_portable(run, loaded)
+                        if made.mapping.wrapped:
+                            continue
+                if options.draft_report and exc.code in DRAFT_WORTHY:
+                    run.sections["draft_export"] = _draft(loaded, spec, source)
+                raise
+        assert traced is not None  # the loop breaks with it or raises
         out_spec = traced.ep.call_spec.out_spec
         if (
             not reference
@@ -246,6 +261,8 @@ def _export(
             if made.mapping.wrapped:
                 traced = tracing.trace(loaded, options, spec, source)
         run.sections["tracing"] = traced.report
+        _suggest_dynamic_shapes(run, source)
+        run.warnings.extend(traced.warnings)
         applied = traced.report.dynamic_shapes.applied
 
     with run.step("decomposing", f"run_decompositions ({options.decomposition.mode})"):
@@ -260,16 +277,16 @@ def _export(
     if options.verify.enabled:
         with run.step("verifying", "comparing against eager PyTorch"):
             checked = verification.verify(ep, pristine, loaded.args, loaded.kwargs, options.verify)
+            undecomposed_passed: bool | None = None
+            if checked.passed is False:
+                recovered, undecomposed_passed = _keep_ops_until_verified(
+                    run, traced.ep, decomposed, checked, loaded, pristine
+                )
+                if recovered is not None:
+                    ep, checked = recovered
             run.sections["verification"] = checked
             if checked.passed is False:
-                raise VerificationFailed(
-                    "The exported program's outputs differ from eager PyTorch beyond the "
-                    "tolerance.",
-                    hint="Look at the verification table; raise verify.atol/rtol if the "
-                    "difference is numerical noise, or check for randomness or state the "
-                    "export did not capture.",
-                    details=_first_failure(checked),
-                )
+                raise _verification_failed(checked, undecomposed_passed)
 
     with run.step("serializing", "torch.export.save"):
         program = request.out_dir / PROGRAM
@@ -312,6 +329,89 @@ def _make_portable(run: _Run, loaded: LoadedModel) -> portability.Portable:
     run.warnings.extend(made.warnings)
     loaded.module, loaded.args, loaded.kwargs = made.module, made.args, made.kwargs
     return made
+
+
+def _keep_ops_until_verified(
+    run: _Run,
+    traced: torch.export.ExportedProgram,
+    decomposed: decomposition.Decomposed,
+    checked: Any,
+    loaded: LoadedModel,
+    pristine: torch.nn.Module,
+) -> tuple[tuple[torch.export.ExportedProgram, Any] | None, bool | None]:
+    """The decomposed program failed verification: when the traced one passes, keep the
+    fewest ops undecomposed that make it pass (`decomposition.keep_until_verified`).
+
+    Returns the program and its verification report (None when nothing was kept), and
+    whether the program before decomposition passed (None: not checked).
+    """
+    opts = run.request.options
+    if opts.decomposition.mode == "none" or not opts.decomposition.keep_failing_ops:
+        return None, None
+    args, kwargs = loaded.args, loaded.kwargs
+    if not verification.verify(traced, pristine, args, kwargs, opts.verify).passed:
+        return None, False  # the decomposition is not what breaks it
+    reports: dict[int, Any] = {}
+
+    def passes(trial: torch.export.ExportedProgram) -> bool:
+        reports[id(trial)] = verification.verify(trial, pristine, args, kwargs, opts.verify)
+        return reports[id(trial)].passed is True
+
+    failure = _first_failure(checked)
+    reason = failure.get("reason") or (
+        f"{failure.get('output')} differs by {failure.get('max_abs_error')}"
+        if failure.get("output")
+        else "verification failed"
+    )
+    kept = decomposition.keep_until_verified(
+        traced, opts.decomposition, decomposed, passes, failure=reason, example=(args, kwargs)
+    )
+    if kept is None:
+        return None, True
+    run.sections["decomposition"] = kept.report
+    run.sections["model"] = documents.model_summary(kept.ep)
+    run.warnings[:] = [w for w in run.warnings if w not in decomposed.warnings]
+    run.warnings.extend(kept.warnings)
+    return (kept.ep, reports[id(kept.ep)]), True
+
+
+def _verification_failed(checked: Any, undecomposed_passed: bool | None) -> VerificationFailed:
+    details = _first_failure(checked)
+    reason = str(details.get("reason") or "")
+    if reason.startswith(verification.EXPORTED_RAISED):
+        message = (
+            f"The exported program raised on sample {details['sample']!r}: "
+            + reason[len(verification.EXPORTED_RAISED) :]
+        )
+    else:
+        message = "The exported program's outputs differ from eager PyTorch beyond the tolerance."
+    hint = (
+        "Look at the verification table; raise verify.atol/rtol if the difference is "
+        "numerical noise, or check for randomness or state the export did not capture."
+    )
+    if undecomposed_passed:
+        details["undecomposed_passed"] = True
+        hint = (
+            "The program before decomposition passed and no set of ops kept undecomposed "
+            'fixed it: use decomposition.mode "none", or preserve the ops involved.'
+        )
+    return VerificationFailed(message, hint=hint, details=details)
+
+
+def _suggest_dynamic_shapes(run: _Run, source: str) -> None:
+    """Propose a spec in the report when the export had none (from the inputs alone)."""
+    if source == "none":
+        suggested = dynamic_shapes.suggest_spec(run.sections.get("inputs", []))
+        if suggested is not None:
+            run.sections[
+                "tracing"
+            ].dynamic_shapes.suggested = dynamic_shapes_adapter.validate_python(suggested)
+
+
+def _unknown_output(exc: ExportError) -> bool:
+    """Whether tracing failed on an output of a type pytree does not know."""
+    text = f"{exc} {exc.__cause__}"
+    return "in output, which is not a known type" in text
 
 
 def _run_reference(loaded: LoadedModel) -> None:
@@ -366,6 +466,7 @@ def _check_roundtrip(
 def _finish_error(run: _Run, exc: ExportError) -> ErrorBody:
     if exc.stage is None:
         exc.stage = run.stage
+    exc = diagnostics.limit_reached(exc) or exc
     body = exc.to_body()
     if isinstance(exc, InternalError):
         body.message = run.source_map.scrub(body.message)

@@ -17,12 +17,19 @@ its fields, a namedtuple a tuple. The wrapper shares the model's parameter, buff
 submodule registries instead of holding it as a submodule, so parameter FQNs and
 `state_dict` keys stay exactly the model's own, and its `forward` carries the model's
 signature, so a dynamic-shapes spec keyed by argument names still binds.
+
+An object that is no pytree node at all but holds tensors in its attributes (a Hugging
+Face `DynamicCache`: `layers[i].keys`, `layers[i].values`) cannot even be traced as an
+output. It becomes a dict of its tensor-holding attributes (`{"layers": [{"keys": ...,
+"values": ...}]}`); other attributes are dropped from outputs. As an input, the wrapper
+rebuilds it from a shallow copy of the example object with those attributes replaced.
 """
 
 from __future__ import annotations
 
 import collections
 import collections.abc
+import copy
 import dataclasses
 import inspect
 from typing import Any
@@ -32,7 +39,14 @@ import torch.utils._pytree as pytree
 
 from schemas import PortabilityMapping, ReportWarning
 
-__all__ = ["Portable", "PortableModule", "make_portable", "non_portable_types", "to_plain"]
+__all__ = [
+    "Portable",
+    "PortableModule",
+    "from_plain",
+    "make_portable",
+    "non_portable_types",
+    "to_plain",
+]
 
 _PLAIN_NODES: frozenset[Any] = frozenset(
     {
@@ -126,7 +140,9 @@ def make_portable(
     plain_args = to_plain(tuple(args))
     plain_kwargs = to_plain(dict(kwargs))
     in_spec = pytree.tree_structure((tuple(args), dict(kwargs)))
-    wrapper = _wrapper_class(module)(module, in_spec)
+    # objects are leaves to pytree: rebuild from the example itself when inputs hold one
+    template = (tuple(args), dict(kwargs)) if any(map(_is_object, input_types)) else None
+    wrapper = _wrapper_class(module)(module, in_spec, template)
     leaf_paths = {
         **_leaf_paths((tuple(args), dict(kwargs)), (plain_args, plain_kwargs), inputs=True),
         **_leaf_paths(example_outputs, to_plain(example_outputs), inputs=False),
@@ -146,6 +162,13 @@ def make_portable(
         ),
         details={"types": sorted({*input_names, *output_names})},
     )
+    objects = sorted(_qualified_name(t) for t in {*input_types, *output_types} if _is_object(t))
+    if objects:
+        warning.message += (
+            " Objects that are not pytree nodes (" + ", ".join(objects) + ") became dicts of "
+            "their tensor attributes."
+        )
+        warning.details["objects"] = objects
     return Portable(wrapper, plain_args, plain_kwargs, mapping, [warning])
 
 
@@ -181,7 +204,10 @@ def to_plain(tree: Any) -> Any:
     """
     node_type = pytree._get_node_type(tree)
     if node_type not in pytree.SUPPORTED_NODES:
-        return tree
+        attributes = _object_children(tree)
+        if attributes is None:
+            return tree
+        return {name: to_plain(child) for name, child in attributes}
     node = pytree.SUPPORTED_NODES[node_type]
     children, context = node.flatten_fn(tree)
     plain_children = [to_plain(child) for child in children]
@@ -200,7 +226,9 @@ class PortableModule(torch.nn.Module):
     parameter and buffer keeps its FQN; the model itself is called (hooks included).
     """
 
-    def __init__(self, original: torch.nn.Module, in_spec: pytree.TreeSpec) -> None:
+    def __init__(
+        self, original: torch.nn.Module, in_spec: pytree.TreeSpec, template: Any = None
+    ) -> None:
         super().__init__()
         # Shared, not copied: the wrapper's state_dict is the model's, key for key, and
         # export's parameter swapping reaches the model through the same dicts.
@@ -210,14 +238,19 @@ class PortableModule(torch.nn.Module):
         self.__dict__["_non_persistent_buffers_set"] = original._non_persistent_buffers_set
         self.__dict__["_torchport_original"] = original
         self.__dict__["_torchport_in_spec"] = in_spec
+        self.__dict__["_torchport_template"] = template
         self.training = original.training
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Rebuild the model's input types, call it, flatten its output types."""
-        leaves = pytree.tree_leaves((args, kwargs))
-        original_args, original_kwargs = pytree.tree_unflatten(
-            leaves, self.__dict__["_torchport_in_spec"]
-        )
+        template = self.__dict__["_torchport_template"]
+        if template is not None:
+            original_args, original_kwargs = from_plain(template, (args, kwargs))
+        else:
+            leaves = pytree.tree_leaves((args, kwargs))
+            original_args, original_kwargs = pytree.tree_unflatten(
+                leaves, self.__dict__["_torchport_in_spec"]
+            )
         outputs = self.__dict__["_torchport_original"](*original_args, **original_kwargs)
         return to_plain(outputs)
 
@@ -247,9 +280,82 @@ def _wrapper_class(module: torch.nn.Module) -> type[PortableModule]:
     return type(name, (PortableModule,), {"forward": forward, "__module__": __name__})
 
 
+def from_plain(template: Any, plain: Any) -> Any:
+    """The inverse of `to_plain`: `plain`'s leaves in `template`'s containers and objects.
+
+    An object is a shallow copy of the template's with its tensor-holding attributes
+    replaced (a cache the model updates in place never touches the template).
+    """
+    attributes = _object_children(template)
+    if attributes is not None:
+        rebuilt = copy.copy(template)
+        for name, child in attributes:
+            setattr(rebuilt, name, from_plain(child, plain[name]))
+        return rebuilt
+    node_type = pytree._get_node_type(template)
+    node = pytree.SUPPORTED_NODES.get(node_type)
+    if node is None:
+        return plain
+    children, context = node.flatten_fn(template)
+    if _portable_node(node_type, context):
+        plain_children, _ = pytree.SUPPORTED_NODES[pytree._get_node_type(plain)].flatten_fn(plain)
+    else:
+        plain_children = list(plain.values()) if isinstance(plain, dict) else list(plain)
+    return node.unflatten_fn(
+        [from_plain(t, p) for t, p in zip(children, plain_children, strict=True)], context
+    )
+
+
+_MAX_OBJECT_DEPTH = 8
+
+
+def _object_children(value: Any, depth: int = 0) -> list[tuple[str, Any]] | None:
+    """The tensor-holding attributes of an object pytree does not know, in `vars` order.
+
+    None for anything else: tensors, pytree nodes, modules, classes, functions, objects
+    of torch's own or without a `__dict__`, and objects holding no tensor.
+    """
+    if (
+        depth > _MAX_OBJECT_DEPTH
+        or isinstance(value, torch.Tensor | torch.nn.Module | type)
+        or pytree._get_node_type(value) in pytree.SUPPORTED_NODES
+        or callable(value)
+        or _defined_by_torch(type(value))
+        or not hasattr(value, "__dict__")
+    ):
+        return None
+    held = [
+        (name, child)
+        for name, child in vars(value).items()
+        if isinstance(name, str) and _holds_tensors(child, depth + 1)
+    ]
+    return held or None
+
+
+def _holds_tensors(value: Any, depth: int) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth > _MAX_OBJECT_DEPTH:
+        return False
+    node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(value))
+    if node is not None:
+        return any(_holds_tensors(child, depth + 1) for child in node.flatten_fn(value)[0])
+    return _object_children(value, depth) is not None
+
+
+def _is_object(cls: Any) -> bool:
+    """Whether a type found by `non_portable_types` is an object rather than a node."""
+    return isinstance(cls, type) and cls not in pytree.SUPPORTED_NODES
+
+
 def _collect(tree: Any, found: dict[type, None]) -> None:
     node_type = pytree._get_node_type(tree)
     if node_type not in pytree.SUPPORTED_NODES:
+        attributes = _object_children(tree)
+        if attributes is not None:
+            found.setdefault(type(tree), None)
+            for _, child in attributes:
+                _collect(child, found)
         return
     children, context = pytree.SUPPORTED_NODES[node_type].flatten_fn(tree)
     if not _portable_node(node_type, context):
@@ -340,7 +446,13 @@ def _named_paths(tree: Any, prefix: tuple[Any, ...]) -> list[tuple[tuple[Any, ..
     node_type = pytree._get_node_type(tree)
     node = pytree.SUPPORTED_NODES.get(node_type)
     if node is None:
-        return [(prefix, tree)]
+        attributes = _object_children(tree)
+        if attributes is None:
+            return [(prefix, tree)]
+        leaves = []
+        for name, child in attributes:
+            leaves.extend(_named_paths(child, (*prefix, pytree.GetAttrKey(name))))
+        return leaves
     children, _ = node.flatten_fn(tree)
     keys: list[Any]
     # A namedtuple (or a torch.return_types structseq, keyed by index in torch) by the

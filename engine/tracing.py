@@ -6,6 +6,11 @@ Each call of `torch.export.export` is one `TraceAttempt` of the report. With
 fixes is retried with the fixes applied (at most `MAX_FIX_ROUNDS` times per mode);
 fixes found in one mode carry over to the next.
 
+A named dim declared dynamic whose example size is 1 would be specialized to 1 by
+torch; such examples are widened first (`dynamic_shapes.widen_size_one_dims`) and the
+trace warns `specialization_avoided`. When every attempt on the widened example fails,
+the attempts are repeated on the user's own example.
+
 On failure `trace` raises the classified error of the last attempt (via
 `engine.diagnostics.classify`, the one place that maps torch's exceptions) with the
 report of every attempt attached as its `tracing_report` attribute, so the pipeline
@@ -23,12 +28,15 @@ from pydantic import ValidationError
 
 from engine import diagnostics
 from engine.dynamic_shapes import (
+    WIDENED_SIZE,
+    Widened,
     apply_fixes,
     fix_to_json,
     plain_json,
     suggested_fixes,
     to_json,
     to_torch,
+    widen_size_one_dims,
 )
 from engine.errors import ExportError
 from engine.model import LoadedModel
@@ -36,6 +44,7 @@ from schemas import (
     DynamicShapeFix,
     DynamicShapesReport,
     ExportOptions,
+    ReportWarning,
     TraceAttempt,
     TracingReport,
 )
@@ -54,6 +63,7 @@ class Traced:
 
     ep: torch.export.ExportedProgram
     report: TracingReport
+    warnings: list[ReportWarning] = field(default_factory=list)
 
 
 def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, source: str) -> Traced:
@@ -81,52 +91,77 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
         err.tracing_report = state.report()  # type: ignore[attr-defined]
         raise
     modes = [True, False] if options.strict == "auto" else [bool(options.strict)]
+    # An example of size 1 in a dim declared dynamic makes torch pin it to 1: trace on a
+    # copy widened along it instead (verification still runs on the user's example).
+    widened = widen_size_one_dims(loaded.module, loaded.args, loaded.kwargs, spec)
+    examples = [(widened.args, widened.kwargs)] if widened is not None else []
+    examples.append((loaded.args, loaded.kwargs))
     error: ExportError | None = None
-    for strict in modes:
-        for round_ in range(MAX_FIX_ROUNDS + 1):
-            spec_json = _json_or_none(spec)
-            state.applied = spec_json
-            started = time.perf_counter()
-            try:
-                ep = torch.export.export(
-                    loaded.module, loaded.args, loaded.kwargs, dynamic_shapes=spec, strict=strict
-                )
-            except Exception as exc:
-                error = diagnostics.classify(exc, stage="tracing", source_map=loaded.source_map)
-                if error is not exc:
-                    error.__cause__ = exc
+    original_spec = spec
+    for args, kwargs in examples:
+        spec = original_spec
+        for strict in modes:
+            for round_ in range(MAX_FIX_ROUNDS + 1):
+                spec_json = _json_or_none(spec)
+                state.applied = spec_json
+                started = time.perf_counter()
+                try:
+                    ep = torch.export.export(
+                        loaded.module, args, kwargs, dynamic_shapes=spec, strict=strict
+                    )
+                except Exception as exc:
+                    error = diagnostics.classify(exc, stage="tracing", source_map=loaded.source_map)
+                    if error is not exc:
+                        error.__cause__ = exc
+                    state.attempts.append(
+                        TraceAttempt.model_validate(
+                            {
+                                "strict": strict,
+                                "dynamic_shapes": spec_json,
+                                "succeeded": False,
+                                "duration_s": time.perf_counter() - started,
+                                "error": error.to_body(),
+                            }
+                        )
+                    )
+                    fixed = _fixed(exc, spec, options, round_)
+                    if fixed is None:
+                        break
+                    spec, fixes = fixed
+                    state.fixes.extend(fixes)
+                    continue
                 state.attempts.append(
                     TraceAttempt.model_validate(
                         {
                             "strict": strict,
                             "dynamic_shapes": spec_json,
-                            "succeeded": False,
+                            "succeeded": True,
                             "duration_s": time.perf_counter() - started,
-                            "error": error.to_body(),
                         }
                     )
                 )
-                fixed = _fixed(exc, spec, options, round_)
-                if fixed is None:
-                    break
-                spec, fixes = fixed
-                state.fixes.extend(fixes)
-                continue
-            state.attempts.append(
-                TraceAttempt.model_validate(
-                    {
-                        "strict": strict,
-                        "dynamic_shapes": spec_json,
-                        "succeeded": True,
-                        "duration_s": time.perf_counter() - started,
-                    }
-                )
-            )
-            state.strict_used = strict
-            return Traced(ep=ep, report=state.report())
+                state.strict_used = strict
+                warnings = []
+                if widened is not None and args is widened.args:
+                    warnings.append(_specialization_avoided(widened))
+                return Traced(ep=ep, report=state.report(), warnings=warnings)
     assert error is not None  # at least one attempt ran
     error.tracing_report = state.report()  # type: ignore[attr-defined]
     raise error
+
+
+def _specialization_avoided(widened: Widened) -> ReportWarning:
+    names = ", ".join(d["name"] for d in widened.dims)
+    return ReportWarning(
+        code="specialization_avoided",
+        message=(
+            f"The example has size 1 in dims declared dynamic ({names}); torch would have "
+            "specialized them to the constant 1. The program was traced on a copy of the "
+            f"example repeated to size {WIDENED_SIZE} along them, so they stay dynamic; "
+            "verification used your example."
+        ),
+        details={"dims": widened.dims},
+    )
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,14 @@ import torch.utils._pytree as pytree
 from engine.roundtrip import flatten_with_paths
 from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 
-__all__ = ["default_tolerance", "verify"]
+__all__ = ["EXPORTED_RAISED", "Runner", "default_tolerance", "verify"]
+
+Runner = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+"""Runs something other than `ep.module()` on `(args, kwargs)` (a deployment target's
+artifact in its own runtime) and returns the outputs in the program's structure."""
+
+EXPORTED_RAISED = "the exported program raised: "
+"""How a sample's reason starts when the exported program raised instead of returning."""
 
 _EPS = 1e-7
 """The denominator guard of the relative error, as in torch.onnx's verification report."""
@@ -58,6 +66,7 @@ def verify(
     opts: VerifyOptions,
     *,
     seed: int = 0,
+    runner: Runner | None = None,
 ) -> VerificationReport:
     """Compare `ep` with eager `pristine` on the example and on sampled inputs.
 
@@ -68,6 +77,9 @@ def verify(
         args, kwargs: the example inputs `ep` was exported with.
         opts: tolerances and the number of extra samples.
         seed: makes the sampled sizes and values reproducible.
+        runner: run this instead of `ep.module()` (the samples are still drawn from
+            `ep`'s ranges); only outputs are compared then: a target's runtime keeps
+            buffers and in-place input changes to itself.
 
     Returns:
         The report; `passed` is true when every check that was not skipped passed.
@@ -77,8 +89,8 @@ def verify(
     started = time.perf_counter()
     # ep.module() shares its state tensors with ep: every run gets a deep copy, so a
     # buffer mutation never leaks into the next run, nor into the program later saved.
-    template = ep.module()
-    samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts)]
+    template = ep.module() if runner is None else None
+    samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts, runner)]
     if opts.samples:
         for label, symbols, inputs in _draw_samples(ep, args, kwargs, opts.samples, seed):
             if isinstance(inputs, str):
@@ -89,7 +101,7 @@ def verify(
             sample_args, sample_kwargs = inputs
             samples.append(
                 _run_sample(
-                    label, symbols, ep, template, pristine, sample_args, sample_kwargs, opts
+                    label, symbols, ep, template, pristine, sample_args, sample_kwargs, opts, runner
                 )
             )
     passed = all(s.status == "passed" for s in samples if s.status != "skipped")
@@ -108,11 +120,12 @@ def _run_sample(
     label: str,
     symbols: dict[str, int],
     ep: torch.export.ExportedProgram,
-    template: torch.nn.Module,
+    template: torch.nn.Module | None,
     pristine: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     opts: VerifyOptions,
+    runner: Runner | None = None,
 ) -> SampleCheck:
     shapes = _input_shapes(args, kwargs)
     common: dict[str, Any] = {"label": label, "symbols": symbols, "input_shapes": shapes}
@@ -129,6 +142,9 @@ def _run_sample(
         # nothing to compare, and nothing wrong with the program.
         return SampleCheck(status="skipped", reason=f"eager run: {_describe(exc)}", **common)
 
+    if runner is not None:
+        return _run_target_sample(runner, expected, args, kwargs, opts, common)
+    assert template is not None
     exported = copy.deepcopy(template)
     exported_before = _buffers(exported)
     try:
@@ -144,7 +160,7 @@ def _run_sample(
                 reason=f"outside the program's guards: {_describe(exc)}",
                 **common,
             )
-        return SampleCheck(status="failed", reason=f"exported run: {_describe(exc)}", **common)
+        return SampleCheck(status="failed", reason=f"{EXPORTED_RAISED}{_describe(exc)}", **common)
 
     outputs, reason = _compare_outputs(expected, actual, opts)
     buffers = _compare_buffers(ep, eager, eager_before, exported, exported_before, opts)
@@ -158,6 +174,27 @@ def _run_sample(
         outputs=outputs,
         buffers=buffers,
         **common,
+    )
+
+
+def _run_target_sample(
+    runner: Runner,
+    expected: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    opts: VerifyOptions,
+    common: dict[str, Any],
+) -> SampleCheck:
+    """The exported side of a sample run by a target's runtime: outputs only."""
+    try:
+        with torch.no_grad():
+            actual = runner(*copy.deepcopy((tuple(args), dict(kwargs))))
+    except Exception as exc:
+        return SampleCheck(status="failed", reason=f"{EXPORTED_RAISED}{_describe(exc)}", **common)
+    outputs, reason = _compare_outputs(expected, actual, opts)
+    ok = reason is None and all(c.passed for c in outputs)
+    return SampleCheck(
+        status="passed" if ok else "failed", reason=reason, outputs=outputs, **common
     )
 
 

@@ -12,6 +12,13 @@ from schemas.dynamic_shapes import (
     dynamic_shapes_adapter,
     parse_dim_expression,
 )
+from schemas.environment import (
+    MODEL_LIBRARIES,
+    EnvironmentDescription,
+    EnvironmentList,
+    LibraryInfo,
+    WorkerEnvironment,
+)
 from schemas.errors import ERROR_CODES, STAGES, ErrorBody, ErrorCode, SourceLocation, Stage
 from schemas.graph import (
     Graph,
@@ -22,7 +29,11 @@ from schemas.graph import (
     TensorMeta,
 )
 from schemas.job import ArtifactRef, JobPublic, JobStatus, StageEvent, WebhookDelivery
-from schemas.options import DecompositionOptions, ExportOptions, VerifyOptions
+from schemas.options import (
+    DecompositionOptions,
+    ExportOptions,
+    VerifyOptions,
+)
 from schemas.progress import Progress
 from schemas.report import (
     ArtifactInfo,
@@ -48,6 +59,7 @@ from schemas.signature import InputSpec, OutputSpec, PortabilityMapping, Signatu
 
 __all__ = [
     "ERROR_CODES",
+    "MODEL_LIBRARIES",
     "SCHEMA_VERSION",
     "STAGES",
     "ArgSpec",
@@ -61,6 +73,8 @@ __all__ = [
     "DynamicShapesReport",
     "DynamicShapesSpec",
     "Environment",
+    "EnvironmentDescription",
+    "EnvironmentList",
     "ErrorBody",
     "ErrorCode",
     "ExportOptions",
@@ -71,6 +85,7 @@ __all__ = [
     "InputSummary",
     "JobPublic",
     "JobStatus",
+    "LibraryInfo",
     "ModelSummary",
     "ModuleFrame",
     "OutputCheck",
@@ -94,6 +109,7 @@ __all__ = [
     "VerificationReport",
     "VerifyOptions",
     "WebhookDelivery",
+    "WorkerEnvironment",
     "dynamic_shapes_adapter",
     "parse_dim_expression",
 ]

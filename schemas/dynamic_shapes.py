@@ -1,4 +1,4 @@
-"""The JSON grammar for dynamic shapes (CONTRACT.md §2).
+"""The JSON grammar for dynamic shapes (docs/contract.md §3).
 
 ```
 dynamic_shapes := "auto" | {arg_name: arg_spec, ...} | [arg_spec, ...]

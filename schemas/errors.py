@@ -1,4 +1,4 @@
-"""The error body and the stable error codes of the contract (CONTRACT.md §4)."""
+"""The error body and the stable error codes of the contract (docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ ErrorCode = Literal[
     "rate_limited",
     "internal_error",
     "conflict",
+    "environment_mismatch",
+    "disk_quota_exceeded",
 ]
 """Stable codes: add, never rename."""
 

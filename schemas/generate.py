@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from schemas.environment import EnvironmentList
 from schemas.errors import ErrorBody
 from schemas.graph import GraphDocument
 from schemas.job import JobPublic
@@ -25,6 +26,7 @@ DOCUMENTS: dict[str, type[BaseModel]] = {
     "signature": SignatureDocument,
     "report": ReportDocument,
     "job": JobPublic,
+    "environment": EnvironmentList,
 }
 JSON_DIR = Path(__file__).parent / "json"
 

@@ -1,4 +1,4 @@
-"""Jobs as the REST API shows them (CONTRACT.md §5)."""
+"""Jobs as the REST API shows them (docs/contract.md §7)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Export options (CONTRACT.md §2): every field optional, unknown fields refused."""
+"""Export options (docs/contract.md §2): every field optional, unknown fields refused."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from packaging.requirements import InvalidRequirement, Requirement
+from pydantic import Field, field_validator, model_validator
 
 from schemas._base import StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
@@ -61,6 +62,11 @@ class ExportOptions(StrictModel):
             "tensors when the model uses container types a torch-only loader cannot rebuild."
         ),
     )
+    requires: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="pip-style requirements the worker must meet before the upload runs, e.g. "
+        '"transformers>=4.40"; an unmet one fails the job with `environment_mismatch`.',
+    )
     timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 600
     memory_mb: Annotated[int, Field(ge=256, le=1024 * 1024)] = 8192
     callback_url: Annotated[str | None, Field(max_length=2048, pattern=r"^https?://")] = Field(
@@ -70,6 +76,18 @@ class ExportOptions(StrictModel):
             "HMAC-SHA256 in the `X-Torchport-Signature` header."
         ),
     )
+
+    @field_validator("requires")
+    @classmethod
+    def _requirements(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                requirement = Requirement(value)
+            except InvalidRequirement as exc:
+                raise ValueError(f"{value!r} is not a requirement specifier: {exc}") from exc
+            if requirement.url is not None:
+                raise ValueError(f"{value!r}: requirements name installed packages, not URLs")
+        return [value.strip() for value in values]
 
     @model_validator(mode="after")
     def _custom_needs_ops(self) -> ExportOptions:

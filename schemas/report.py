@@ -48,6 +48,14 @@ class DynamicShapesReport(StrictModel):
     applied: DynamicShapesSpec | None = None
     fixes: list[DynamicShapeFix] = Field(default_factory=list)
     source: Literal["options", "module", "none"] = "none"
+    suggested: DynamicShapesSpec | None = Field(
+        default=None,
+        description="For an export without dynamic shapes (source none): a spec the engine "
+        "proposes from the example inputs — dim 0 of every tensor input as a shared `batch` "
+        "when their sizes are equal, dim 1 of rank-2 integer tensors (token ids, masks) as "
+        "`seq` (names shared where sizes are equal, only sizes > 1). Not validated by a "
+        "trace: torch may still refuse it (then `auto_fix_dynamic_shapes` applies its fixes).",
+    )
 
 
 class TracingReport(StrictModel):
@@ -188,6 +196,11 @@ class Environment(StrictModel):
     device: str | None = None
     cuda: str | None = None
     gpu: str | None = None
+    libraries: dict[str, str] = Field(
+        default_factory=dict,
+        description="Third-party distributions the upload imported (while loading), with "
+        'their versions, e.g. {"torch": "2.13.0", "transformers": "5.23.0"}; torch always.',
+    )
 
 
 class ArtifactInfo(StrictModel):
