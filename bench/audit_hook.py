@@ -27,14 +27,14 @@ import sandbox_overhead
 from engine import pipeline, roundtrip
 from engine.model import Upload
 from schemas import ExportOptions
-from worker.sandbox import zygote
+from worker.sandbox import warmup
 
 root = Path(tempfile.mkdtemp(prefix="torchport-audit-"))
 model = root / "model.py"
 model.write_text(sandbox_overhead.BLOCK)
 pipeline.warm_up(root / "warm")
 (root / "warm-full").mkdir()
-zygote._warm_full_pipeline(root / "warm-full")
+warmup.warm_full_pipeline(root / "warm-full")
 events = collections.Counter()
 counting = [True]
 sys.addaudithook(lambda event, args: counting[0] and events.update((event,)))

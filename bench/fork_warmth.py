@@ -29,7 +29,7 @@ import torch
 from engine import pipeline, roundtrip
 from engine.model import Upload
 from schemas import ExportOptions
-from worker.sandbox import pages, zygote
+from worker.sandbox import pages, warmup
 
 
 def main() -> None:
@@ -41,10 +41,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="torchport-fork-"))
     pipeline.warm_up(root / "warm")
     (root / "warm-full").mkdir()
-    zygote._warm_full_pipeline(root / "warm-full")
+    warmup.warm_full_pipeline(root / "warm-full")
     gc.collect()
     gc.freeze()
-    zygote.collapse_heap()  # as the zygote does
+    warmup.collapse_heap()  # as the zygote does
 
     def job(tag: str) -> float:
         started = time.perf_counter()
@@ -57,7 +57,7 @@ def main() -> None:
     def warm_full() -> None:
         scratch = root / f"spare-{os.getpid()}"
         scratch.mkdir()
-        zygote._warm_full_pipeline(scratch)
+        warmup.warm_full_pipeline(scratch)
         gc.collect()
         gc.freeze()
 

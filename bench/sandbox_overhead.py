@@ -120,11 +120,11 @@ def main() -> None:
     from engine import pipeline, roundtrip
     from engine.model import Upload
     from schemas import ExportOptions
-    from worker.sandbox import zygote
+    from worker.sandbox import warmup
 
     pipeline.warm_up(root / "warm")  # the zygote's warm-up, in this process
     (root / "warm-full").mkdir()
-    zygote._warm_full_pipeline(root / "warm-full")
+    warmup.warm_full_pipeline(root / "warm-full")
     after_warm_up = dict(FakeTensorMode.cache)
     gc.collect()
     gc.freeze()  # as the zygote does: collections never walk the warm-up's heap

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
-from service.queue import make_celery
+from service.queue import EXPORT_QUEUES, make_celery
 from worker.execution import WorkerContext
 from worker.settings import WorkerSettings
 
@@ -39,13 +39,29 @@ def context() -> WorkerContext:
         return _context
 
 
+def runs_exports() -> bool:
+    """Whether this worker consumes an export queue (a `webhooks`-only worker never starts
+    a sandbox nor describes an environment)."""
+    return any(queue in EXPORT_QUEUES for queue in settings.queue_list)
+
+
 @worker_ready.connect
 def _warm_up(**_: Any) -> None:
+    if not runs_exports():
+        return
     # Start the zygote before the first job arrives, so no job pays for `import torch`.
     try:
         context().runner()
     except Exception:
         logger.exception("could not start the sandbox runner; jobs will retry it")
+    # Then say what the jobs can import (GET /v1/environment): checked in a fresh
+    # interpreter from a thread of this process, never in the zygote.
+    try:
+        from worker.environment import record_in_background
+
+        record_in_background(context())
+    except Exception:
+        logger.exception("could not describe this worker's environment")
 
 
 @worker_shutdown.connect

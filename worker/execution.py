@@ -27,6 +27,7 @@ from service.database import make_engine, make_session_factory, transaction
 from service.jobs import media_type_for
 from service.lifecycle import ClaimedJob, StoredArtifact, claim, finish, heartbeat, record_stage
 from service.models import Job
+from service.notices import make_publisher, publish_after_commit
 from service.store import ArtifactStore, open_store
 from worker.settings import WorkerSettings
 
@@ -71,10 +72,14 @@ class WorkerContext:
     def create(cls, settings: WorkerSettings) -> WorkerContext:
         """Connect to the database and the store named by `settings`."""
         engine = make_engine(settings.resolved_database_url)
+        sessions = make_session_factory(engine)
+        publisher = make_publisher(settings.resolved_broker_url, settings.broker_key_prefix)
+        if publisher is not None:  # following clients see this worker's events at once
+            publish_after_commit(sessions, publisher)
         return cls(
             settings=settings,
             engine=engine,
-            sessions=make_session_factory(engine),
+            sessions=sessions,
             store=open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url),
             identity=f"{settings.worker_name}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
         )
@@ -90,6 +95,9 @@ class WorkerContext:
                     use_bwrap=self.settings.sandbox_use_bwrap,
                     max_memory_mb=self.settings.sandbox_max_memory_mb,
                     max_timeout_s=self.settings.sandbox_max_timeout_s,
+                    disk_mb=self.settings.sandbox_disk_mb,
+                    max_inodes=self.settings.sandbox_max_inodes,
+                    fsize_mb=self.settings.sandbox_fsize_mb,
                     allow_without_landlock=self.settings.sandbox_allow_without_landlock,
                     spares=self.settings.sandbox_spares,
                     # A worker consuming the gpu queue confines its CUDA jobs for the GPU.
@@ -190,7 +198,10 @@ def _fetch_uploads(store: ArtifactStore, claimed: ClaimedJob, upload_dir: Path) 
 def store_artifacts(
     store: ArtifactStore, artifacts: dict[str, Path], max_bytes: int
 ) -> list[StoredArtifact]:
-    """Put the sandbox's outputs in the store; names and sizes are checked (untrusted)."""
+    """Put the sandbox's outputs in the store; names and sizes are checked (untrusted).
+
+    The store copies each file (a job's file has the job's uid and whatever mode the job
+    gave it; the blob is the service's, mode 0644), never links it."""
     stored = []
     for name, path in sorted(artifacts.items()):
         if not _ARTIFACT_NAME.match(name) or not path.is_file() or path.is_symlink():

@@ -28,7 +28,7 @@ class WorkerSettings(CommonSettings):
     )
     sandbox_enabled: bool = Field(
         default=True,
-        description="Confine uploaded code (rlimits, Landlock, seccomp; see DESIGN.md). "
+        description="Confine uploaded code (rlimits, Landlock, seccomp; see docs/sandbox.md). "
         "Turn off only for trusted code in development.",
     )
     sandbox_use_bwrap: bool | Literal["auto"] = Field(
@@ -39,6 +39,18 @@ class WorkerSettings(CommonSettings):
     )
     sandbox_max_timeout_s: float = Field(
         default=3600, gt=0, description="Upper bound on a job's `timeout_s`."
+    )
+    sandbox_disk_mb: int = Field(
+        default=16384,
+        ge=64,
+        description="What one job may hold on disk (uploads, scratch, outputs, deleted files "
+        "it keeps open); past it the job is stopped: `disk_quota_exceeded`.",
+    )
+    sandbox_max_inodes: int = Field(
+        default=20000, ge=100, description="Files and directories one job may create."
+    )
+    sandbox_fsize_mb: int = Field(
+        default=4096, ge=16, description="The largest single file a job may write."
     )
     sandbox_allow_without_landlock: bool = Field(
         default=False,
@@ -71,10 +83,21 @@ class WorkerSettings(CommonSettings):
     infra_retries: int = Field(
         default=3, ge=0, description="Retries of a task after database, store or broker errors."
     )
-    webhook_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of one delivery.")
+    webhook_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Deadline of one delivery, all of it (DNS, connect, TLS, sending, the "
+        "answer's headers); not per read.",
+    )
     webhook_retries: int = Field(default=5, ge=0, description="Retries of a failed delivery.")
     webhook_backoff_s: float = Field(
         default=2.0, gt=0, description="First retry delay; doubles with each retry."
+    )
+    webhook_allow_hosts: str = Field(
+        default="",
+        description="Comma-separated host names (or IP literals) webhooks may be sent to even "
+        "though they are not public (loopback, private, link-local, …); every other callback "
+        "URL must resolve to public addresses only.",
     )
     webhook_secret: str | None = Field(
         default=None,

@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from schemas import ErrorBody
 from service.lifecycle import fail_job
 from service.models import Job
-from service.queue import EXPORT_TASK, WEBHOOK_TASK, enqueue_webhook
+from service.queue import EXPORT_TASK, WEBHOOK_TASK, Queue, enqueue_webhook
 from service.store import StoreError
 from worker.celery_app import app, context, settings
 from worker.execution import execute, release
@@ -69,11 +69,13 @@ def export(self: Task, job_id: str) -> str | None:
     name=WEBHOOK_TASK,
     bind=True,
     acks_late=True,
+    queue=Queue.WEBHOOKS.value,
     max_retries=settings.webhook_retries,
     ignore_result=True,
 )
 def webhook(self: Task, job_id: str) -> bool:
-    """Deliver a job's completion callback, retrying with exponential backoff."""
+    """Deliver a job's completion callback, retrying with exponential backoff (never to a
+    destination that is not public: see `worker.webhooks`)."""
     final = self.request.retries >= (self.max_retries or 0)
     try:
         return deliver(context(), job_id, final_attempt=final)

@@ -5,9 +5,14 @@ Audit hooks cannot be removed, so each case runs in its own interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from schemas import ReportWarning
+from tests.sandbox.conftest import Arena
+from worker.sandbox import SandboxResult
 
 UPLOAD = """
 import os, socket, subprocess
@@ -66,3 +71,39 @@ def test_only_the_uploads_own_forbidden_actions_are_recorded(tmp_path: Path) -> 
     assert sorted(seen["after"]) == ["socket.__new__", "subprocess.Popen"]
     # The hook itself is C code: Python runs only for the forbidden events' tripwires.
     assert seen["hook"] == "builtin_function_or_method"
+
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def _warning(result: SandboxResult, code: str) -> ReportWarning:
+    found = [w for w in result.report.warnings if w.code == code]
+    assert len(found) == 1, result.report.warnings
+    return found[0]
+
+
+def test_a_library_probe_is_a_warning_and_the_real_failure_the_outcome(arena: Arena) -> None:
+    result, _, _ = arena.run(MODELS / "attempt_library_probe.py")
+    assert result.error is not None
+    assert result.error.code == "verification_failed"
+    warning = _warning(result, "sandbox_denied")
+    assert warning.details["by_libraries"] == ["socket.__new__"]
+
+
+def test_a_library_probe_in_a_job_that_succeeds_is_a_warning(arena: Arena, tmp_path: Path) -> None:
+    model = tmp_path / "probe_ok.py"
+    model.write_text((MODELS / "attempt_library_probe.py").read_text().replace("= True", "= False"))
+    os.chmod(tmp_path, 0o755)
+    result, _, _ = arena.run(model)
+    assert result.error is None, result.error
+    assert result.report.status == "succeeded"
+    assert _warning(result, "sandbox_denied").details["attempted"] == ["socket.__new__"]
+
+
+def test_an_attempt_survived_in_an_earlier_stage_is_a_warning(arena: Arena) -> None:
+    result, _, _ = arena.run(MODELS / "attempt_own_survived.py")
+    assert result.error is not None
+    assert result.error.code == "verification_failed"
+    warning = _warning(result, "sandbox_denied")
+    assert warning.details["attempted"] == ["socket.__new__"]
+    assert warning.details["by_libraries"] == []

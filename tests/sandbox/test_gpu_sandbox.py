@@ -432,7 +432,7 @@ def test_cuda_hidden_keeps_torch_export_away_from_the_driver(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch = pytest.importorskip("torch")
-    from worker.sandbox.zygote import cuda_hidden
+    from worker.sandbox.warmup import cuda_hidden
 
     calls: list[str] = []
     real = torch.cuda.is_available
@@ -584,6 +584,8 @@ def test_the_cli_gives_only_cuda_jobs_a_gpu_runner() -> None:
     cuda = local_settings({"device": "cuda"}, environ)
     assert cuda.gpu is True and cuda.cuda_visible_devices == ""
     assert cuda.nvidia_visible_devices is None
-    assert local_settings({"device": "cpu"}, environ) == SandboxSettings(spares=False)
+    assert local_settings({"device": "cpu"}, environ) == SandboxSettings(
+        spares=False, warm_up="during_first_job"
+    )
     assert local_settings({}, environ).gpu is False
     assert cuda.spares is False  # one job per runner: a spare would only be killed unused

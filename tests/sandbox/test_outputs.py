@@ -16,7 +16,7 @@ from engine.pipeline import ExportRequest, run_export
 from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner
 from worker.sandbox import SandboxRunner, SandboxSettings
-from worker.sandbox.runner import _Untrusted
+from worker.sandbox.outputs import Untrusted as _Untrusted
 
 
 @pytest.fixture(scope="module")

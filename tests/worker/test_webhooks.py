@@ -1,4 +1,8 @@
-"""Completion callbacks: signed with the key's secret, recorded on the job, retried."""
+"""Completion callbacks: signed with the key's secret, recorded on the job, retried.
+
+The receivers listen on 127.0.0.1, which deliveries refuse unless the host is allowed
+(`TORCHPORT_WEBHOOK_ALLOW_HOSTS`): the `context` here allows it; the refusals themselves
+are in test_webhook_destinations.py."""
 
 from __future__ import annotations
 
@@ -19,7 +23,14 @@ from service.database import transaction
 from service.models import Job
 from tests.worker.test_execution import add_job, public
 from worker.execution import WorkerContext
-from worker.webhooks import DeliveryFailed, deliver
+from worker.webhooks import DELIVERY_FAILED, DeliveryFailed, deliver
+
+
+@pytest.fixture
+def context(context: WorkerContext) -> WorkerContext:
+    """The worker context, allowed to deliver to this machine's test receivers."""
+    context.settings = context.settings.model_copy(update={"webhook_allow_hosts": "127.0.0.1"})
+    return context
 
 
 class Receiver:
@@ -105,6 +116,9 @@ def test_failures_are_retried_then_recorded(context: WorkerContext, tmp_path: Pa
         assert deliver(context, job_id, final_attempt=True) is False
         webhook = public(context, job_id).webhook
         assert webhook is not None
-        assert (webhook.status, webhook.attempts, webhook.last_status_code) == ("failed", 2, 503)
+        # An allowed internal host's status code is not shown to the caller.
+        assert (webhook.status, webhook.attempts, webhook.last_status_code) == ("failed", 2, None)
+        assert webhook.last_error == DELIVERY_FAILED
+        assert len(failing.requests) == 2
     finally:
         failing.server.shutdown()

@@ -1,15 +1,20 @@
 """Sandboxed, warm execution of uploaded code.
 
 ```
-worker process (not dumpable, has secrets)          SandboxRunner (runner.py)
+worker process (not dumpable, has secrets)          SandboxRunner (runner.py): zygote_client.py,
+  │                                                  staging.py, supervisor.py, pipes.py,
+  │                                                  outputs.py, results.py, processes.py
   └─ bwrap (all namespaces, minimal ro binds)        bubblewrap.py, when the host allows it
-       └─ zygote (scrubbed env, torch imported,      zygote.py
+       └─ zygote (scrubbed env, torch imported,      zygote.py (fork server), warmup.py
           one tiny export run, no thread pool)
             ├─ job child: setsid, closed fds, rlimits, uid 65534,       lockdown.py
             │  no_new_privs, Landlock, seccomp → engine.pipeline         child.py
-            └─ loader child (same lockdown): torch.export.load + run,   (round trip)
-               asked for by the job child through the zygote
+            ├─ loader child (same lockdown): torch.export.load + run,   loader.py
+            │  asked for by the job child through the zygote            (round trip)
+            └─ spares: a job child and a loader child warmed while idle  spares.py
 ```
+
+docs/sandbox.md ("Shape") says what each file is for.
 """
 
 import os

@@ -24,6 +24,8 @@ ROUNDTRIP_REQUEST_FD = 4
 ROUNDTRIP_ANSWER_FD = 5
 
 MAX_ANSWER = 1 << 20
+MAX_OPTIONS = 16 << 20
+"""Read of the options file the worker wrote (more than any the API accepts)."""
 
 # Audit events of actions the sandbox forbids, and how to say so to a person.
 _FORBIDDEN_EVENTS = {
@@ -55,22 +57,43 @@ class _Attempts:
 
     def __init__(self, user_roots: list[Path]) -> None:
         self.seen: dict[str, str] = {}
+        """Attempts the upload's own code made (directly or through the standard library)."""
+        self.by_libraries: dict[str, str] = {}
+        """Attempts an installed library made on the upload's behalf (urllib3 probing for
+        IPv6 at import): the library survives the refusal or fails with its own error."""
+        self.stages: set[str | None] = set()
+        """The stages in which the upload's own attempts were made."""
+        self.stage: str | None = None
         self._roots = tuple(str(root) + os.sep for root in user_roots)
         tripwires: dict[object, None] = {_Tripwire(e, self): None for e in _FORBIDDEN_EVENTS}
         self.hook: Callable[[str, tuple[Any, ...]], object] = tripwires.get
 
     def saw(self, event: str) -> None:
-        if self._from_upload():
+        origin = self._origin()
+        if origin == "upload":
             self.seen.setdefault(event, _FORBIDDEN_EVENTS[event])
+            self.stages.add(self.stage)
+        elif origin == "library":
+            self.by_libraries.setdefault(event, _FORBIDDEN_EVENTS[event])
 
-    def _from_upload(self) -> bool:
-        """Whether the uploaded code is on the stack (not torch or the engine)."""
-        frame = sys._getframe(1)
+    def _origin(self) -> str | None:
+        """ "upload" when the uploaded code made the call (the stack from the event down
+        to the upload's innermost frame holds only the standard library), "library" when
+        an installed package between them did, None without the upload on the stack
+        (torch or the engine)."""
+        frame = sys._getframe(2)
+        library = False
         while frame is not None:
-            if frame.f_code.co_filename.startswith(self._roots):
-                return True
+            name = frame.f_code.co_filename
+            if name.startswith(self._roots):
+                return "library" if library else "upload"
+            if not library and ("site-packages" in name or "dist-packages" in name):
+                library = True
             frame = frame.f_back  # type: ignore[assignment]
-        return False
+        return None
+
+    def all(self) -> dict[str, str]:
+        return {**self.by_libraries, **self.seen}
 
 
 class _Tripwire:
@@ -176,8 +199,9 @@ def run_export_job(spec: dict[str, Any]) -> int:
             return RoundtripCheck(status="failed", loader="sandbox", reason=f"bad answer: {exc}")
 
     try:
-        options = ExportOptions.model_validate(spec["options"])
-    except ValueError as exc:
+        with open(spec["options_file"], "rb") as handle:
+            options = ExportOptions.model_validate_json(handle.read(MAX_OPTIONS))
+    except (OSError, ValueError) as exc:
         write_progress({"refused": "invalid_request", "message": str(exc)[:2000]})
         return 3
     upload = Upload(
@@ -190,12 +214,17 @@ def run_export_job(spec: dict[str, Any]) -> int:
         options=options,
         out_dir=out_dir,
         work_dir=work_dir,
-        digest_artifacts=False,  # the worker hashes what it accepts (runner._finish)
+        digest_artifacts=False,  # the worker hashes what it accepts (results.finish)
     )
+
+    def progress(p: Any) -> None:
+        attempts.stage = p.stage  # where an attempt happens decides what it means
+        write_progress({"progress": p.model_dump(mode="json")})
+
     try:
         result = pipeline.run_export(
             request,
-            progress=lambda p: write_progress({"progress": p.model_dump(mode="json")}),
+            progress=progress,
             roundtrip_runner=roundtrip,
             roundtrip_prefetch=requests.prefetch,
         )
@@ -212,46 +241,50 @@ def run_export_job(spec: dict[str, Any]) -> int:
 
 
 def _reclassify(report: Any, attempts: _Attempts) -> bool:
-    """Name the real cause when a failure came from a limit or a forbidden action."""
+    """Name the real cause when a failure came from a forbidden action the job tried.
+
+    Limits (memory, the largest file) are named by the pipeline, from the exception itself
+    (`engine.diagnostics.limit_reached`), never here from message text.
+    """
     from schemas import ReportWarning
+    from schemas.outcomes import error_body
 
     error = report.error
-    if error is None:
-        if attempts.seen:
-            report.warnings.append(
-                ReportWarning(
-                    code="sandbox_denied",
-                    message="The uploaded code tried actions the sandbox forbids: "
-                    + ", ".join(sorted(set(attempts.seen.values()))),
-                    details={"attempted": sorted(attempts.seen)},
-                )
+    tried = attempts.all()
+    # The upload's own attempt is the outcome when the job failed in the stage that made
+    # it. One the job survived, or one a library made, is a warning: the outcome is what
+    # happened next (a verification failure stays one).
+    caused = (
+        error is not None
+        and bool(attempts.seen)
+        and (error.stage is None or error.stage in attempts.stages)
+    )
+    if tried and not caused:
+        report.warnings.append(
+            ReportWarning(
+                code="sandbox_denied",
+                message="The uploaded code tried actions the sandbox forbids: "
+                + ", ".join(sorted(set(tried.values()))),
+                details={"attempted": sorted(tried), "by_libraries": sorted(attempts.by_libraries)},
             )
-            return True
-        return False
-    text = f"{error.message} {error.details}"
-    if "MemoryError" in text or "Cannot allocate memory" in text:
-        error.details = {"original_code": error.code}
-        error.code = "out_of_memory"
-        error.message = "The job ran out of memory (over its memory_mb limit)."
-        error.hint = "Raise `memory_mb`, or use smaller example inputs."
-        return True
-    if attempts.seen:
+        )
+    if error is None:
+        return bool(tried)
+    if caused:
         error.details = {
             "original_code": error.code,
             "original_message": error.message,
-            "attempted": sorted(attempts.seen),
+            "attempted": sorted(tried),
         }
-        error.code = "sandbox_violation"
-        error.message = (
+        verdict = error_body(
+            "sandbox_violation",
             "The uploaded code tried to "
-            + ", ".join(sorted(set(attempts.seen.values())))
-            + "; the sandbox forbids it."
+            + ", ".join(sorted(set(tried.values())))
+            + "; the sandbox forbids it.",
         )
-        error.hint = (
-            "Uploaded code may not use the network, start processes or leave its directory."
-        )
+        error.code, error.message, error.hint = verdict.code, verdict.message, verdict.hint
         return True
-    return False
+    return bool(tried)
 
 
 def check_roundtrip(pt2: str, payload: str) -> dict[str, Any]:

@@ -59,6 +59,8 @@ class Confinement:
     """Target fd → current fd; everything else is closed."""
     gpu: GpuAccess | None = None
     """A CUDA job's extra devices, paths and variables (gpu.py); None for every other job."""
+    cgroup: Path | None = None
+    """The job's own pids cgroup (cgroups.py), joined while still root; None: none here."""
 
 
 def prctl(option: int, arg: int) -> None:
@@ -108,6 +110,13 @@ def apply(conf: Confinement) -> dict[str, object]:
 
     tempfile.tempdir = str(conf.scratch)
     in_force: dict[str, object] = {}
+    if conf.cgroup is not None:
+        from worker.sandbox import cgroups
+
+        try:
+            in_force["pids_max"] = cgroups.join(conf.cgroup)
+        except (OSError, ValueError) as exc:
+            raise LockdownError(f"could not join the job's pids cgroup: {exc}") from exc
     if os.geteuid() == 0 or os.getuid() == 0:
         if conf.uid is None or conf.gid is None or conf.uid == 0:
             raise LockdownError("running as root and no unprivileged uid/gid configured")

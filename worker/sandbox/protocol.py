@@ -14,6 +14,61 @@ SPARE_KINDS = ("job", "loader")
 """The zygote's spares, as its `spares` message names the ready ones."""
 
 
+MAX_DEPTH = 32
+"""Nesting allowed in a line from a job (ours are at most 4 deep)."""
+
+
+class UntrustedLine(ValueError):
+    """A line from a job (or a loader) that is not a JSON object within the bounds."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise UntrustedLine(f"{name} is not JSON")
+
+
+def loads_untrusted(data: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """Parse one JSON object written by untrusted code, within size and depth bounds.
+
+    Every failure is `UntrustedLine`, never RecursionError (6,000 nested lists),
+    OverflowError or MemoryError: a hostile line is that job's problem, not the reading
+    process's. NaN and ±Infinity are refused (`int(float("inf"))` raises later)."""
+    if len(data) > max_bytes:
+        raise UntrustedLine(f"line of {len(data)} bytes (limit {max_bytes})")
+    if data.count(b"[") + data.count(b"{") > max_depth and _depth(data) > max_depth:
+        raise UntrustedLine(f"nested deeper than {max_depth}")
+    try:
+        message = json.loads(data, parse_constant=_refuse_constant)
+    except UntrustedLine:
+        raise
+    except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError, ...
+        raise UntrustedLine(f"not JSON: {type(exc).__name__}") from None
+    if not isinstance(message, dict):
+        raise UntrustedLine("not a JSON object")
+    return message
+
+
+def _depth(data: bytes) -> int:
+    """The deepest nesting of brackets outside strings."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     """Send one message (and fds)."""
     data = json.dumps(message).encode()

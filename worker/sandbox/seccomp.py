@@ -1,10 +1,11 @@
 """The seccomp filter installed in every job child, built with pyseccomp (libseccomp).
 
-A deny list on top of Landlock, rlimits and (where available) bubblewrap: the
-calls below fail with EPERM, except `clone3`, which fails with ENOSYS so that
-glibc falls back to `clone`, where thread creation (CLONE_THREAD) stays allowed
-and process creation does not. Other architectures' system calls (e.g. i386
-through `int 0x80`) kill the process (libseccomp's bad-arch action). A CUDA job on
+A deny list on top of Landlock, rlimits and (where available) bubblewrap: the calls
+below fail with EPERM (so do `prlimit64` and `sched_setaffinity` on any process but
+the job's own, and signals to any process but its own), except `clone3`, which fails
+with ENOSYS so that glibc falls back to `clone`, where thread creation (CLONE_THREAD)
+stays allowed and process creation does not. Other architectures' system calls (e.g.
+i386 through `int 0x80`) kill the process (libseccomp's bad-arch action). A CUDA job on
 a GPU worker may also call `memfd_create` (`GPU_ALLOWED`); nothing else differs.
 
 `pyseccomp` locates libseccomp with `ctypes.util.find_library`, which spawns
@@ -42,6 +43,39 @@ DENIED: tuple[str, ...] = (
     "pidfd_getfd",
     "pidfd_send_signal",
     "tkill",
+    "process_mrelease",
+    "setpriority",
+    "ioprio_set",
+    "sched_setscheduler",
+    "sched_setparam",
+    "sched_setattr",
+    "migrate_pages",
+    "move_pages",
+    # file modes, owners, times and extended attributes: Landlock does not cover them, and
+    # a job of a non-root worker shares its uid with the user's own files (a job chmod'ed
+    # the user's 0600 file to 0666). No export step calls them (checked with strace).
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    # watching files (another tenant's job ids and hashes in a data dir's names)
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
     # escaping the session and process group
     "setsid",
     "setpgid",
@@ -153,5 +187,27 @@ def install(own_pid: int, gpu: bool = False) -> list[str]:
     flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         flt.add_rule(deny, name, seccomp.Arg(0, seccomp.NE, own_pid))
+    # Limits and CPU placement: of this process only (pid 0 or its own). Another job's
+    # RLIMIT_CPU set to 1 s killed it; the worker's, lowered, crash-looped new workers.
+    # libseccomp compares an argument once per rule, so "neither 0 nor own_pid" is one
+    # rule for pids above it and one per aligned block of [1, own_pid - 1].
+    for name in ("prlimit64", "sched_setaffinity"):
+        flt.add_rule(deny, name, seccomp.Arg(0, seccomp.GT, own_pid))
+        for value, size in aligned_blocks(1, own_pid - 1):
+            mask = ~(size - 1) & 0xFFFF_FFFF_FFFF_FFFF
+            flt.add_rule(deny, name, seccomp.Arg(0, seccomp.MASKED_EQ, mask, value))
     flt.load()
     return unknown
+
+
+def aligned_blocks(low: int, high: int) -> list[tuple[int, int]]:
+    """[low, high] as blocks `value .. value + size - 1` with size a power of two and
+    value a multiple of it (each one masked comparison); at most ~2 log2(high) blocks."""
+    blocks = []
+    while low <= high:
+        size = low & -low if low else 1 << 62
+        while size > high - low + 1:
+            size >>= 1
+        blocks.append((low, size))
+        low += size
+    return blocks

@@ -1,0 +1,110 @@
+"""A line a job writes never crashes a shared process (issue: one line from a job killed
+the zygote, or the worker's reader thread): every line from a job is parsed with size
+and depth bounds (protocol.loads_untrusted), and a malformed one is that job's
+`sandbox_violation` at worst."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox.conftest import MODELS, Arena
+from worker.sandbox import protocol
+
+
+def _model(arena: Arena, mode: str) -> Path:
+    text = (MODELS / "hostile_lines.py").read_text()
+    text = text.replace('MODE = "deep_request"', f"MODE = {mode!r}")
+    path = arena.root / f"lines_{mode}.py"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[" * 6000 + b"]" * 6000,
+        b'{"threads": Infinity}',
+        b'{"a": NaN}',
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"a": "' + b"x" * 100 + b'"}',
+    ],
+    ids=["deep", "infinity", "nan", "not-utf8", "not-object", "too-long"],
+)
+def test_untrusted_lines_raise_one_error_type(data: bytes) -> None:
+    with pytest.raises(protocol.UntrustedLine):
+        protocol.loads_untrusted(data, max_bytes=64)  # the deep one is over 64 bytes too
+    if data.startswith(b"["):
+        with pytest.raises(protocol.UntrustedLine):
+            protocol.loads_untrusted(data, max_bytes=1 << 20)
+
+
+def test_strings_with_brackets_are_not_depth() -> None:
+    line = b'{"message": "' + b"[{" * 500 + b'"}'
+    assert protocol.loads_untrusted(line, 1 << 20) == {"message": "[{" * 500}
+
+
+@pytest.mark.parametrize("mode", ["deep_request", "infinite_threads"])
+def test_a_hostile_roundtrip_request_does_not_kill_the_zygote(arena: Arena, mode: str) -> None:
+    restarts = arena.runner.restarts
+    result, _, _ = arena.run(_model(arena, mode))
+    # The zygote answered the line with a refusal, which the job's own round trip then
+    # read first: the job's problem alone.
+    assert result.error is not None
+    assert result.error.code == "serialization_failed"
+    assert result.error.details["reason"] == "malformed round-trip request"
+    assert arena.runner.restarts == restarts
+    assert arena.runner.zygote_pid == arena.zygote_pid
+    assert os.path.exists(f"/proc/{arena.zygote_pid}")
+    benign, _, _ = arena.run(arena.model("benign"))
+    assert benign.report.status == "succeeded"
+    assert arena.runner.restarts == restarts
+
+
+def _pipes() -> set[str]:
+    """The pipes this process holds open (`pipe:[inode]`). Other fixtures of the full
+    suite open sockets and files in threads of their own; only pipes are the runner's."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed since the listing (the listing's own fd, too)
+        if target.startswith("pipe:"):
+            held.add(target)
+    return held
+
+
+def _new_pipes(before: set[str], wait_s: float = 10.0) -> set[str]:
+    """Pipes opened since `before` that are still open after up to `wait_s`: a leak
+    stays open for good, a reader thread still finishing closes its ends meanwhile."""
+    deadline = time.monotonic() + wait_s
+    while (new := _pipes() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return new
+
+
+def test_a_hostile_progress_line_is_the_jobs_violation(arena: Arena) -> None:
+    arena.run(arena.model("benign"))  # the reader threads' own fds exist from now on
+    before = _pipes()
+    result, elapsed, _ = arena.run(_model(arena, "deep_progress"), options={"timeout_s": 60})
+    assert result.error is not None
+    assert result.error.code == "sandbox_violation"
+    assert result.error.details["bad_lines"] >= 1
+    assert elapsed < 30  # the 1 MiB after the line was read, not left to block the job
+    assert _new_pipes(before) == set()
+    benign, _, _ = arena.run(arena.model("benign"))
+    assert benign.report.status == "succeeded"
+
+
+def test_large_valid_options_reach_the_job(arena: Arena) -> None:
+    preserve = ["aten.linear.default"] * 3500  # ~80 KiB of options: over a control message
+    result, _, _ = arena.run(
+        arena.model("benign"), options={"decomposition": {"preserve": preserve}}
+    )
+    assert result.error is None, result.error
+    assert result.report.status == "succeeded"

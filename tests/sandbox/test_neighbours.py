@@ -1,0 +1,141 @@
+"""A job cannot act on other processes, whatever their uid: another tenant's running job,
+the worker (issue: a job set another job's RLIMIT_CPU to 1 s and killed it). seccomp
+refuses prlimit64 and sched_setaffinity on any pid but the job's own, setpriority,
+inotify, and changing any file's mode, times or extended attributes (a non-root worker's
+job shares the user's uid); concurrent jobs of a root worker never share a uid."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sandbox.conftest import JOB_UID, MODELS, Arena, fresh_runner
+from worker.sandbox import SandboxJob, SandboxResult
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs a victim of another uid")
+
+
+def _probe(result: SandboxResult) -> dict[str, Any]:
+    assert result.error is not None
+    text = result.error.message + str(result.error.details.get("original_message", ""))
+    found = re.search(r"PROBE(\{.*?\})PROBE", text)
+    assert found is not None, result.error
+    return json.loads(found.group(1))
+
+
+def _model(arena: Arena, name: str, victim: int, sleep_s: float = 0.0) -> Path:
+    text = (MODELS / "hostile_neighbours.py").read_text()
+    text = text.replace("TARGETS = {}", f"TARGETS = {{'victim_pid': {victim}}}")
+    text = text.replace("SLEEP_S = 0.0", f"SLEEP_S = {sleep_s}")
+    path = arena.root / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def _cpu_limit(pid: int) -> str:
+    """The "Max cpu time" line of /proc/PID/limits (prlimit on another uid's process
+    needs CAP_SYS_RESOURCE, which root lacks on some hosts)."""
+    with open(f"/proc/{pid}/limits") as handle:
+        return next(line for line in handle if line.startswith("Max cpu time"))
+
+
+@root_only
+def test_a_job_cannot_touch_a_process_of_its_own_uid(arena: Arena) -> None:
+    victim = subprocess.Popen(["sleep", "300"], user=JOB_UID, group=JOB_UID)
+    try:
+        limit_before = _cpu_limit(victim.pid)
+        nice_before = os.getpriority(os.PRIO_PROCESS, victim.pid)
+        affinity_before = os.sched_getaffinity(victim.pid)
+        result, _, _ = arena.run(_model(arena, "neighbours", victim.pid))
+        seen = _probe(result)
+        assert seen["uid"] == JOB_UID  # the victim's uid: only the sandbox stands between
+        assert seen["prlimit_other"] == errno.EPERM
+        assert seen["setpriority_other"] == errno.EPERM
+        assert seen["affinity_other"] == errno.EPERM
+        assert seen["inotify"] == errno.EPERM
+        assert seen["prlimit_self"] == 0  # its own limits stay readable
+        assert seen["chmod"] == errno.EPERM  # of its own file: only seccomp says no
+        assert seen["utime"] == errno.EPERM
+        assert seen["setxattr"] == errno.EPERM
+        assert _cpu_limit(victim.pid) == limit_before
+        assert os.getpriority(os.PRIO_PROCESS, victim.pid) == nice_before
+        assert os.sched_getaffinity(victim.pid) == affinity_before
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+@root_only
+def test_concurrent_jobs_get_uids_of_their_own(arena: Arena) -> None:
+    results: list[SandboxResult] = []
+
+    def run(name: str) -> None:
+        result, _, _ = arena.run(_model(arena, name, victim=1, sleep_s=4.0))
+        results.append(result)
+
+    threads = [threading.Thread(target=run, args=(f"slot{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    uids = sorted(_probe(r)["uid"] for r in results)
+    settings = arena.runner.settings
+    assert uids == sorted([JOB_UID, settings.slot_uid_base + 1])
+    # Slot uids are freed: the next job alone runs as the first slot's uid again.
+    result, _, _ = arena.run(_model(arena, "alone", victim=1))
+    assert _probe(result)["uid"] == JOB_UID
+
+
+@root_only
+def test_a_job_gets_a_pids_cgroup_of_its_own(arena: Arena) -> None:
+    from worker.sandbox import cgroups
+
+    if cgroups.JobGroups.open() is None:  # pragma: no cover - depends on the host
+        pytest.skip("no writable pids cgroup hierarchy on this host")
+    with fresh_runner(pids_max=200, spares=False, work_root=arena.root / "pids") as runner:
+        assert runner._groups is not None
+        parent = runner._groups.parent
+        result = runner.run(
+            SandboxJob(
+                model=MODELS / "hostile_threads.py",
+                inputs=None,
+                weights=None,
+                options={"timeout_s": 60},
+                job_dir=arena.root / "pids-job",
+            )
+        )
+        seen = _probe(result)
+        assert result.report.sandbox is not None
+        assert result.report.sandbox.details["in_force"]["pids_max"] == 200
+        assert 100 < seen["threads"] < 200  # the group's limit, not the uid's 4096
+        assert [p.name for p in parent.glob("job-*")] == []  # removed with the job
+        benign, _, _ = arena.run(arena.model("benign"))  # the arena's jobs start threads
+        assert benign.report.status == "succeeded"
+    assert not parent.exists()
+
+
+@root_only
+def test_groups_of_a_killed_runner_are_removed_by_the_next() -> None:
+    from worker.sandbox import cgroups
+
+    groups = cgroups.JobGroups.open()
+    if groups is None:  # pragma: no cover - depends on the host
+        pytest.skip("no writable pids cgroup hierarchy on this host")
+    groups.close()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid no process has now
+    stale = groups.parent.with_name(f"torchport-{dead.pid}-deadbeef")
+    (stale / "job-x").mkdir(parents=True)
+    fresh = cgroups.JobGroups.open()
+    assert fresh is not None
+    fresh.close()
+    assert not stale.exists()

@@ -1,0 +1,47 @@
+"""A worker describes its environment at start, for `GET /v1/environment`.
+
+The API runs in another container and never imports torch, so it cannot look: each
+worker process, once ready, describes the interpreter its jobs run in (`engine.libraries`:
+package metadata, and each model library imported in a fresh isolated interpreter, never
+in this process or the zygote) and records it per queue it consumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from engine.libraries import describe_environment
+from service.environments import record_environment
+from worker.execution import WorkerContext
+
+logger = logging.getLogger(__name__)
+
+
+def record(context: WorkerContext, *, check: bool = True) -> None:
+    """Describe this worker's environment and record it for each of its queues."""
+    description = describe_environment(check=check)
+    for queue in context.settings.queue_list:
+        record_environment(
+            context.sessions,
+            queue=queue,
+            hostname=context.settings.worker_name,
+            environment=description,
+        )
+    failing = [lib.name for lib in description.libraries if lib.version and lib.imports is False]
+    if failing:
+        logger.warning("installed but failing to import in this worker: %s", ", ".join(failing))
+
+
+def record_in_background(context: WorkerContext) -> threading.Thread:
+    """`record` in a daemon thread of this process (the import checks take seconds)."""
+
+    def run() -> None:
+        try:
+            record(context)
+        except Exception:
+            logger.warning("could not record this worker's environment", exc_info=True)
+
+    thread = threading.Thread(target=run, name="worker-environment", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,208 @@
+"""Round trips, brokered by the zygote: a job child asks on its request pipe for a
+loader of the program it saved (`{"pt2", "threads"}`), the zygote forks one (or hands
+the request to a ready spare loader), passes the payload's path on when the job sends
+it (`{"payload"}`), and writes the loader's one-line answer back to the job.
+
+The job is untrusted: every line it writes is parsed within bounds, its paths reach
+only a locked-down loader, and at most `MAX_ROUNDTRIPS` loaders run per job. `load`
+is what runs in the loader child itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.sandbox import child, protocol
+from worker.sandbox.lockdown import Confinement
+from worker.sandbox.processes import close_fd, describe_status, kill_group
+
+if TYPE_CHECKING:
+    from worker.sandbox.zygote import Job, Zygote
+
+__all__ = ["MAX_REQUEST", "MAX_ROUNDTRIPS", "Loaders", "answer", "load"]
+
+MAX_ROUNDTRIPS = 4
+MAX_REQUEST = 1 << 14
+
+
+class Loaders:
+    """The zygote's side of its jobs' round trips (the state is each `Job`'s)."""
+
+    def __init__(self, zygote: Zygote) -> None:
+        self.zygote = zygote
+
+    def on_request(self, job: Job) -> None:
+        """Read what the job wrote on its request pipe; a line over `MAX_REQUEST` kills it."""
+        try:
+            data = os.read(job.request_fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.zygote.selector.unregister(job.request_fd)
+            close_fd(job.request_fd)
+            job.request_fd = -1
+            return
+        job.buffer += data
+        if len(job.buffer) > MAX_REQUEST:
+            kill_group(job.pid)
+            return
+        while b"\n" in job.buffer:
+            line, job.buffer = job.buffer.split(b"\n", 1)
+            self._on_request_line(job, line)
+
+    def _on_request_line(self, job: Job, line: bytes) -> None:
+        """`{"pt2", "threads"}` starts a loader on that program; `{"payload"}` hands the
+        running loader its payload (both in one line: both). Anything else: a failed
+        answer. The job is untrusted: its paths reach only a locked-down loader."""
+        try:
+            request = protocol.loads_untrusted(line, MAX_REQUEST)
+            pt2 = request.get("pt2")
+            payload = request.get("payload")
+            if pt2 is None and payload is None:
+                raise ValueError("neither pt2 nor payload")
+            if not all(isinstance(p, str | None) for p in (pt2, payload)):
+                raise ValueError("paths must be strings")
+            cpus = len(os.sched_getaffinity(0))
+            wanted = request.get("threads") or cpus
+            if not isinstance(wanted, int) or isinstance(wanted, bool):
+                raise ValueError("threads must be an integer")
+            threads = max(1, min(wanted, cpus))
+        except Exception:  # whatever a job writes, the zygote lives on
+            answer(job, {"status": "failed", "reason": "malformed round-trip request"})
+            return
+        if pt2 is not None:
+            if job.loader_pid is not None or job.roundtrips >= MAX_ROUNDTRIPS:
+                answer(job, {"status": "failed", "reason": "too many round-trip requests"})
+                return
+            job.roundtrips += 1
+            self._fork(job, str(pt2), threads)
+        if payload is not None:
+            if job.loader_in is None:
+                answer(job, {"status": "failed", "reason": "no loader for this payload"})
+                return
+            with contextlib.suppress(OSError):
+                os.write(job.loader_in, (json.dumps({"payload": str(payload)}) + "\n").encode())
+            close_fd(job.loader_in)
+            job.loader_in = None
+
+    def confinement(
+        self, dirs: dict[str, str], limits: dict[str, int], gpu: bool, fds: list[int]
+    ) -> Confinement:
+        """A loader child's confinement; `fds`: output, answer, payload path in."""
+        output, answer_fd, payload = fds
+        scratch = str(Path(dirs["tmp"]) / "loader")
+        conf = self.zygote.confinement({**dirs, "tmp": scratch}, limits, [scratch], gpu)
+        conf.keep_fds = {1: output, 2: output, 3: answer_fd, 4: payload}
+        return conf
+
+    def _fork(self, job: Job, pt2: str, threads: int) -> None:
+        """The second child: a fork of this torch-only process loads the program (a ready
+        spare loader when there is one, a fresh fork otherwise), then waits for the
+        payload's path on its fd 4."""
+        zygote = self.zygote
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        job.loader_started = time.perf_counter()
+        spare = None if job.gpu else zygote.spares.take("loader")
+        handed = {"op": "load", "pt2": pt2, "threads": threads}
+        handed.update(dirs=job.dirs, limits=job.limits)
+        fds = [job.output_fd, out_w, in_r]
+        if spare is not None and zygote.spares.hand_over(spare, handed, fds):
+            pid = spare.pid
+            job.loader_spares += 1
+        else:
+            conf = self.confinement(job.dirs, job.limits, job.gpu, fds)
+            learned = None if job.gpu else zygote.spares.pages.get("loader")
+            pid = os.fork()
+            if pid == 0:
+                work = lambda: load(pt2, threads)  # noqa: E731
+                zygote.become_child(conf, work, announce=False, prefault=learned)
+        os.close(out_w)
+        os.close(in_r)
+        job.loader_pid, job.loader_fd, job.loader_out = pid, out_r, b""
+        job.loader_in = in_w
+        zygote.selector.register(out_r, selectors.EVENT_READ, ("loader", job.id))
+
+    def on_output(self, job: Job) -> None:
+        """Read the loader's answer; answer the job as soon as its line is complete."""
+        assert job.loader_fd is not None
+        try:
+            data = os.read(job.loader_fd, 1 << 16)
+        except OSError:
+            data = b""
+        job.loader_out += data
+        if b"\n" in job.loader_out or not data or len(job.loader_out) > child.MAX_ANSWER:
+            # Answer as soon as the line is complete: the job need not wait for the
+            # loader's exit. The loader is done: it is killed now, and reaped later.
+            self.finish(job, None)
+
+    def finish(self, job: Job, status: int | None) -> None:
+        """Answer the job from the loader's output (or its death) and let it go."""
+        self._answer_from_loader(job, status)
+        close_fd(job.loader_in)
+        job.loader_in = None
+        if job.loader_fd is not None:
+            self.zygote.selector.unregister(job.loader_fd)
+            close_fd(job.loader_fd)
+            job.loader_fd = None
+        if job.loader_pid is not None:
+            if status is None:  # still alive: its answer is all we wanted from it
+                kill_group(job.loader_pid)
+                job.old_loaders.append(job.loader_pid)
+            job.loader_pid = None
+
+    def _answer_from_loader(self, job: Job, status: int | None) -> None:
+        line = job.loader_out.split(b"\n", 1)[0]
+        try:
+            reply = protocol.loads_untrusted(line, child.MAX_ANSWER)
+        except ValueError:
+            died = "no answer" if status is None else describe_status(status)
+            reply = {"status": "failed", "reason": f"the loader died ({died})"}
+        reply.setdefault("duration_s", time.perf_counter() - job.loader_started)
+        answer(job, reply)
+
+    def drain(self, job: Job) -> None:
+        """Read what an exited loader left in its pipe (up to an answer's size)."""
+        assert job.loader_fd is not None
+        os.set_blocking(job.loader_fd, False)
+        try:
+            while len(job.loader_out) <= child.MAX_ANSWER:
+                data = os.read(job.loader_fd, 1 << 16)
+                if not data:
+                    break
+                job.loader_out += data
+        except OSError:
+            pass
+
+
+def answer(job: Job, reply: dict[str, Any]) -> None:
+    """Write one answer line to the job's round-trip answer pipe (gone: nothing)."""
+    with contextlib.suppress(OSError):
+        os.write(job.answer_fd, (json.dumps(reply) + "\n").encode())
+
+
+def load(pt2: str, threads: int) -> int:
+    """In a loader child: load the program, then wait for the payload's path on fd 4 (the
+    job writes the payload meanwhile), run and compare; the one-line answer goes to fd 3."""
+    import torch
+
+    from engine import roundtrip
+
+    torch.set_num_threads(threads)
+    try:
+        loaded = roundtrip.load_saved(pt2)
+        request = child.read_line(4, MAX_REQUEST)
+        if not request.endswith(b"\n") and len(request) < MAX_REQUEST:
+            return 0  # the job went away or sent no payload: nothing to answer
+        payload = str(protocol.loads_untrusted(request, MAX_REQUEST)["payload"])
+        reply = roundtrip.run_loaded(loaded, payload)
+    except Exception as exc:
+        reply = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
+    os.write(3, (json.dumps(reply) + "\n").encode())
+    return 0

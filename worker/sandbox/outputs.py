@@ -1,0 +1,177 @@
+"""A job's outputs as the worker takes them: untrusted files, read without following
+links and within size limits, the documents validated against their schemas, the
+program checked to be a zip archive; copied out of the job's reach and hashed as
+copied when taken while the job child still exits.
+
+Nothing here unpickles or loads what a job wrote: the round trip ran in a sandboxed
+loader child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE
+from schemas import ArtifactInfo, GraphDocument, ReportDocument, SignatureDocument
+from worker.sandbox.settings import SandboxSettings
+
+__all__ = [
+    "ZIP_MAGIC",
+    "Accepted",
+    "Untrusted",
+    "copy_regular",
+    "open_regular",
+    "read_regular",
+    "take_outputs",
+    "validate",
+]
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+Document = TypeVar("Document", bound=BaseModel)
+
+
+class Untrusted(ValueError):
+    """A job's output failed validation."""
+
+
+@dataclass
+class Accepted:
+    """A job's outputs as the worker took them (`take_outputs`): validated, and when
+    taken while the job exits, copied where it cannot reach them and hashed as copied."""
+
+    report: ReportDocument
+    files: dict[str, Path]
+    infos: dict[str, ArtifactInfo]
+    """Size and SHA-256 of each copy, as copied (empty when taken after the exit)."""
+    directory: Path | None
+    """Where the copies are (None when taken after the exit)."""
+
+
+def take_outputs(
+    produced: Path, settings: SandboxSettings, into: Path | None = None
+) -> Accepted | None:
+    """A job's outputs, checked as untrusted data: regular files (no links), size
+    limits, documents validated against their schemas, the program a zip archive.
+
+    After the job's exit (`into` None) they are taken where they are. While it is
+    still exiting, each is copied into `into` (out of the job's reach) as it is
+    validated and hashed, so what is accepted is what is kept, whatever the job's
+    threads write afterwards; None then when the program is larger than
+    `early_copy_bytes` (moved after the exit instead: copying it would cost more
+    than the exit it overlaps)."""
+    s = settings
+    program = produced / PROGRAM
+    if into is not None:
+        with contextlib.suppress(FileNotFoundError):
+            if program.lstat().st_size > s.early_copy_bytes:
+                return None
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(mode=0o700, parents=True)
+    limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
+    files: dict[str, Path] = {}
+    infos: dict[str, ArtifactInfo] = {}
+    report: ReportDocument | None = None
+    for name, limit in limits.items():
+        data = read_regular(produced / name, limit, whole=True)
+        if data is None:
+            continue
+        if name == REPORT:
+            report = validate(ReportDocument, name, data)
+            continue
+        validate(GraphDocument if name == GRAPH else SignatureDocument, name, data)
+        files[name] = produced / name
+        if into is not None:
+            files[name] = into / name
+            files[name].write_bytes(data)
+            infos[name] = ArtifactInfo(
+                name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest()
+            )
+    if into is None:
+        head = read_regular(program, s.max_program_bytes, whole=False)
+        if head is not None:
+            if not head.startswith(ZIP_MAGIC):
+                raise Untrusted("program.pt2 is not a zip archive")
+            files[PROGRAM] = program
+    else:
+        copied = copy_regular(program, into / PROGRAM, s.max_program_bytes)
+        if copied is not None:
+            if copied.size > s.early_copy_bytes:  # it grew while being copied
+                shutil.rmtree(into, ignore_errors=True)
+                return None
+            files[PROGRAM], infos[PROGRAM] = into / PROGRAM, copied
+    if report is None:
+        raise Untrusted("no report.json")
+    if report.status == "failed":
+        return Accepted(report, {}, {}, into)
+    if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
+        raise Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
+    return Accepted(report, files, infos, into)
+
+
+def open_regular(path: Path, limit: int) -> BinaryIO | None:
+    """A file a job wrote, open for reading: a regular file (no links), at most `limit`
+    bytes when opened; None when there is no such file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Untrusted(f"{path.name} cannot be opened safely ({exc.strerror})") from exc
+    handle = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        handle.close()
+        raise Untrusted(f"{path.name} is not a regular file")
+    if info.st_size > limit:
+        handle.close()
+        raise Untrusted(f"{path.name} is larger than {limit} bytes")
+    return handle
+
+
+def read_regular(path: Path, limit: int, *, whole: bool) -> bytes | None:
+    """A file a job wrote (see `open_regular`): all of it, or its first 4 bytes."""
+    handle = open_regular(path, limit)
+    if handle is None:
+        return None
+    with handle:
+        return handle.read(limit if whole else 4)
+
+
+def validate(document: type[Document], name: str, data: bytes) -> Document:
+    """A result document the job wrote, or `Untrusted` saying where it is wrong."""
+    try:
+        return document.model_validate_json(data)
+    except ValidationError as exc:
+        where = ", ".join(".".join(map(str, e["loc"])) or "(top)" for e in exc.errors()[:3])
+        raise Untrusted(f"{name} does not match its schema (at {where})") from None
+
+
+def copy_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
+    """Copy a zip archive a job wrote (see `open_regular`) to `target`, hashing what is
+    copied and stopping at `limit` bytes; None when there is no such file."""
+    source = open_regular(path, limit)
+    if source is None:
+        return None
+    digest, size = hashlib.sha256(), 0
+    with source, target.open("xb") as copy:
+        while chunk := source.read(1 << 20):
+            if size == 0 and not chunk.startswith(ZIP_MAGIC):
+                raise Untrusted(f"{path.name} is not a zip archive")
+            size += len(chunk)
+            if size > limit:  # it grew while being read
+                raise Untrusted(f"{path.name} is larger than {limit} bytes")
+            digest.update(chunk)
+            copy.write(chunk)
+    if size == 0:
+        raise Untrusted(f"{path.name} is not a zip archive")
+    return ArtifactInfo(name=path.name, size=size, sha256=digest.hexdigest())

@@ -1,0 +1,273 @@
+"""What a job's run becomes: its error (from the supervisor's verdict, the job's exit
+and what it said on its progress pipe), the layers that were in force, and the final
+report and artifacts in `job_dir/out`. Also the unsandboxed path of a runner whose
+sandbox is disabled.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from engine.artifacts import REPORT, artifact_info
+from schemas import (
+    ArtifactInfo,
+    Environment,
+    ErrorBody,
+    ExportOptions,
+    ReportDocument,
+    SandboxReport,
+)
+from worker.sandbox import quota
+from worker.sandbox.outputs import Untrusted, take_outputs
+from worker.sandbox.pipes import ProgressCallback
+from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
+from worker.sandbox.supervisor import Watch
+
+__all__ = ["describe_disk", "finish", "list_layers", "map_error", "run_unconfined"]
+
+_BUG_HINT = "This is a bug in torchport, not in your model; please report it."
+
+
+def finish(
+    job: SandboxJob,
+    produced: Path | None,
+    error: ErrorBody | None,
+    tail: str,
+    started: float,
+    details: dict[str, Any],
+    settings: SandboxSettings,
+    *,
+    bwrap: bool,
+    watch: Watch | None = None,
+) -> SandboxResult:
+    """Write the job's report and move its accepted artifacts into `job_dir/out`: the
+    outputs taken while it exited (`watch.accepted`), else those in `produced` taken
+    now; a failed report when there is an error or no valid report."""
+    out_dir = job.job_dir / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: ReportDocument | None = None
+    found: dict[str, Path] = {}
+    infos: dict[str, ArtifactInfo] = {}
+    accepted = watch.accepted if watch is not None else None
+    if accepted is not None and error is None:
+        report, found, infos = accepted.report, accepted.files, accepted.infos
+    elif produced is not None and error is None:
+        try:
+            taken = take_outputs(produced, settings)
+            assert taken is not None  # only a copy is ever declined
+            report, found = taken.report, taken.files
+        except Untrusted as exc:
+            error = ErrorBody(
+                code="internal_error",
+                message=f"The job's results were rejected: {exc}",
+                hint=_BUG_HINT,
+            )
+    if error is not None or report is None:
+        error = error or ErrorBody(
+            code="internal_error",
+            message="The job ended without a report.",
+            hint=_BUG_HINT,
+        )
+        report = _failed_report(error, time.perf_counter() - started)
+        found = {}
+    artifacts: dict[str, Path] = {}
+    for name, path in found.items():
+        target = out_dir / name
+        try:
+            os.replace(path, target)
+        except OSError:
+            shutil.copyfile(path, target)
+        artifacts[name] = target
+    if accepted is not None and accepted.directory is not None:
+        shutil.rmtree(accepted.directory, ignore_errors=True)
+    report.sandbox = SandboxReport(
+        layers=list_layers(watch, settings, bwrap=bwrap), details=details
+    )
+    report.artifacts = [infos.get(name) or artifact_info(path) for name, path in artifacts.items()]
+    report_path = out_dir / REPORT
+    report_path.write_text(report.model_dump_json(indent=2))
+    artifacts[REPORT] = report_path
+    return SandboxResult(report=report, artifacts=artifacts, error=report.error, stdout_tail=tail)
+
+
+def list_layers(watch: Watch | None, settings: SandboxSettings, *, bwrap: bool) -> list[str]:
+    """The layers the job child said were in force (report.sandbox.layers)."""
+    if not settings.enabled:
+        return ["none"]
+    in_force = (watch.lockdown if watch is not None else None) or {}
+    if not in_force:
+        return []
+    layers_in_force = ["zygote", "rlimits"]
+    if in_force.get("no_new_privs"):
+        layers_in_force.append("no_new_privs")
+    if settings.job_ids() is not None and in_force.get("uid") not in (None, 0):
+        layers_in_force.append("uid")
+    if in_force.get("landlock_abi"):
+        layers_in_force.append("landlock")
+    if in_force.get("seccomp"):
+        layers_in_force.append("seccomp")
+    if bwrap:
+        layers_in_force.append("bwrap")
+    return layers_in_force
+
+
+def map_error(
+    verdict: str | None,
+    exit_info: dict[str, Any],
+    watch: Watch,
+    timeout: float,
+    memory_mb: int,
+    settings: SandboxSettings,
+) -> ErrorBody | None:
+    """The job's error, if any: the supervisor's verdict first, then a refusal the job
+    child wrote, then how it exited, then a lockdown it never reported or bad lines."""
+    if verdict == "timeout":
+        return ErrorBody(
+            code="timeout",
+            message=f"The job ran longer than its time limit of {timeout:g} s and was stopped.",
+            hint="Raise `timeout_s`, or export a smaller configuration of the model.",
+            details={"timeout_s": timeout},
+        )
+    if verdict == "out_of_memory":
+        return _out_of_memory(memory_mb)
+    if verdict == "disk_quota_exceeded":
+        return ErrorBody(
+            code="disk_quota_exceeded",
+            message=f"The job wrote more than its disk limit of {settings.disk_mb} MB "
+            f"or {settings.max_inodes} files and was stopped.",
+            hint="Write less to disk from the model (temporary files, caches, extra "
+            "checkpoints); a larger limit is the worker's TORCHPORT_SANDBOX_DISK_MB.",
+            details=describe_disk(watch.disk, settings),
+        )
+    if verdict == "canceled":
+        return ErrorBody(code="canceled", message="The job was canceled.")
+    if verdict == "zygote_died":
+        return ErrorBody(
+            code="internal_error",
+            message="The sandbox process died while the job ran; it has been restarted.",
+            hint=_BUG_HINT,
+        )
+    if watch.refused is not None:
+        code, message = watch.refused
+        if code == "out_of_memory":
+            return _out_of_memory(memory_mb)
+        if code == "sandbox_violation":
+            message = f"The sandbox could not be set up, so the job was not run: {message}"
+        return ErrorBody.model_validate({"code": code, "message": message})
+    signum = exit_info.get("signal")
+    if signum == signal.SIGXCPU:
+        return ErrorBody(
+            code="timeout",
+            message="The job used up its CPU time limit and was stopped.",
+            hint="Raise `timeout_s`, or export a smaller configuration of the model.",
+        )
+    if signum == signal.SIGSYS:
+        return ErrorBody(
+            code="sandbox_violation",
+            message="The uploaded code made a system call the sandbox forbids.",
+            hint="Uploaded code may not use the network, start processes or leave its directory.",
+        )
+    if signum == signal.SIGKILL:
+        return _out_of_memory(memory_mb)  # nobody else kills a job: the kernel's OOM killer
+    if signum is not None:
+        return ErrorBody(
+            code="internal_error",
+            message=f"The job's process crashed ({signal.Signals(signum).name}).",
+            hint="A crash in native code; if your model uses none, please report it.",
+        )
+    if watch.lockdown is None:
+        return ErrorBody(
+            code="sandbox_violation",
+            message="The sandbox could not be set up, so the job was not run.",
+            details={"exit": exit_info},
+        )
+    if watch.bad_lines:
+        return ErrorBody(
+            code="sandbox_violation",
+            message="The uploaded code wrote to the sandbox's own progress pipe "
+            f"({watch.bad_lines} malformed line(s): too long, too deep or not JSON).",
+            hint="Uploaded code may not write to file descriptors it did not open.",
+            details={"bad_lines": watch.bad_lines},
+        )
+    return None
+
+
+def describe_disk(use: quota.DiskUse | None, settings: SandboxSettings) -> dict[str, Any]:
+    """The job's disk limits and the most it was measured to hold."""
+    details: dict[str, Any] = {"disk_mb": settings.disk_mb, "max_inodes": settings.max_inodes}
+    if use is not None:
+        details.update(
+            used_mb=round(use.bytes / (1 << 20), 1),
+            inodes=use.inodes,
+            unlinked_mb=round(use.unlinked_bytes / (1 << 20), 1),
+            open_files_checked=use.open_files_checked,
+        )
+    return details
+
+
+def run_unconfined(
+    job: SandboxJob,
+    options: ExportOptions,
+    on_progress: ProgressCallback | None,
+) -> SandboxResult:
+    """Run the export in this process (the sandbox is disabled); the report says so."""
+    from engine import pipeline
+    from engine.model import Upload
+
+    work = Path(tempfile.mkdtemp(prefix="torchport-job-"))
+    try:
+        result = pipeline.run_export(
+            pipeline.ExportRequest(
+                upload=Upload(model=job.model, inputs=job.inputs, weights=job.weights),
+                options=options,
+                out_dir=job.job_dir / "out",
+                work_dir=work,
+            ),
+            progress=on_progress,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = result.report
+    report.sandbox = SandboxReport(layers=["none"], details={"warning": "sandbox disabled"})
+    report_path = job.job_dir / "out" / REPORT
+    report_path.write_text(report.model_dump_json(indent=2))
+    artifacts = {**result.artifacts, REPORT: report_path}
+    return SandboxResult(report=report, artifacts=artifacts, error=report.error)
+
+
+def _out_of_memory(memory_mb: int) -> ErrorBody:
+    return ErrorBody(
+        code="out_of_memory",
+        message=f"The job used more than its memory limit of {memory_mb} MB and was stopped.",
+        hint="Raise `memory_mb`, or use smaller example inputs.",
+        details={"memory_mb": memory_mb},
+    )
+
+
+def _failed_report(error: ErrorBody, duration: float) -> ReportDocument:
+    return ReportDocument(
+        status="failed", error=error, environment=_environment(), duration_s=duration
+    )
+
+
+def _environment() -> Environment:
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return Environment(
+        torchport=version("torchport") or "unknown",
+        torch=version("torch"),
+        python=platform.python_version(),
+        platform=platform.platform(),
+    )

@@ -1,0 +1,273 @@
+"""The zygote's spares, and the pages they learn.
+
+While no job runs, the zygote keeps one forked *spare* job child and one spare loader
+child. The first spare of each kind runs the zygote's own warm-up once more in its own
+address space (so the copy-on-write faults and cold caches of a fresh fork are paid
+while the worker is idle) and learns from its page map which pages that touched
+(pages.py); later spares, and fresh forks when no spare is ready, fault those pages in
+with madvise instead (~50 ms against ~750 ms). A spare then says `ready` and waits on
+a private socket. The next CPU job (or round trip) is handed to the ready spare, which
+only then locks itself down exactly as a freshly forked child would and runs it. Work
+that finds no spare ready gets a fresh fork; a spare still running the slow warm-up is
+killed then (it would compete with the job for the CPU), one faulting in learned pages
+is left to finish. GPU jobs always get a fresh fork, never prefaulted.
+
+Messages (zygote → spare): `job` (fds: progress, output, round-trip request and
+answer), `load` (fds: output, answer, payload path in). (spare → zygote): `ready`
+(with the name of its learned-pages file in the warm-up directory, the first of a
+kind), then (zygote → worker) `spares` with the kinds now ready and the pages learned
+per kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.sandbox import child, pages, protocol
+from worker.sandbox.loader import load
+from worker.sandbox.lockdown import PR_SET_PDEATHSIG, prctl
+from worker.sandbox.processes import close_fd, kill_group, read_status_mb
+from worker.sandbox.warmup import warm_spare
+
+if TYPE_CHECKING:
+    from worker.sandbox.zygote import Zygote
+
+__all__ = ["MAX_SPARE_FAILURES", "Spare", "Spares"]
+
+MAX_SPARE_FAILURES = 3
+"""Spares that die before they are ready, in a row, before the zygote stops making them."""
+
+
+@dataclass
+class Spare:
+    """A forked child that warmed itself up and waits for one job or one round trip."""
+
+    kind: str
+    pid: int
+    sock: socket.socket
+    ready: bool = False
+    rss_mb: int = 0
+    """Its resident size when it said ready (the worker's RSS limit allows for the rest)."""
+
+
+class Spares:
+    """The zygote's spares (one per kind at most) and the pages their warm-ups taught."""
+
+    def __init__(self, zygote: Zygote) -> None:
+        self.zygote = zygote
+        self.children: dict[str, Spare] = {}
+        self.enabled = False
+        self.failures = 0
+        self.maps: list[pages.Mapping] = []
+        """The zygote's mappings once warm: what learned page ranges refer to."""
+        self.pages: dict[str, array] = {}
+        """Per spare kind, the page ranges its warm-up touched (pages.py), once learned."""
+        self.learned: dict[str, dict[str, int]] = {}
+        """Per spare kind, how many pages those ranges hold (told to the worker)."""
+
+    def keep(self) -> None:
+        """While no job runs, make sure a spare of each kind exists (or is warming)."""
+        if not self.enabled or self.zygote.jobs:
+            return
+        for kind in protocol.SPARE_KINDS:
+            if kind not in self.children:
+                self._fork(kind)
+
+    def _fork(self, kind: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                self._main(kind, theirs)
+            finally:
+                os._exit(70)
+        theirs.close()
+        self.children[kind] = Spare(kind, pid, ours)
+        self.zygote.selector.register(ours, selectors.EVENT_READ, ("spare", kind))
+
+    def _main(self, kind: str, sock: socket.socket) -> None:
+        """In the spare: warm up, say ready, wait for work, then become that child.
+        Runs only the zygote's own code until the work arrives; never returns."""
+        try:
+            self.zygote.detach()
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle spare dies with the zygote
+            learned, saved = self.pages.get(kind), None
+            if learned is not None:
+                pages.prefault(learned)
+            else:
+                warm_spare(kind, Path(self.zygote.config["warm_dir"]))
+                gc.collect()
+                gc.freeze()
+                if self.maps:
+                    saved = self._save_pages(kind)
+            data_mb = read_status_mb("VmData")
+            protocol.send(sock, {"op": "ready", "rss_mb": read_status_mb("VmRSS"), "pages": saved})
+            message, fds = protocol.receive(sock)
+            sock.close()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+                sys.stderr.flush()
+            os._exit(70)
+        if message is None:
+            os._exit(0)
+        try:
+            self._become_handed_work(kind, message, fds, data_mb)
+        finally:  # never back into the zygote's loop, whatever went wrong
+            os._exit(70)
+
+    def _pages_file(self, kind: str, pid: int) -> Path:
+        return Path(self.zygote.config["warm_dir"]) / f"pages-{kind}-{pid}.bin"
+
+    def _save_pages(self, kind: str) -> str | None:
+        """In a spare that warmed up the slow way: write the ranges it touched for the
+        zygote (pages.learn); their file's name, None when the page map is unreadable."""
+        try:
+            path = self._pages_file(kind, os.getpid())
+            pages.save(path, pages.learn(self.maps))
+        except OSError:
+            return None
+        return path.name
+
+    def _take_pages(self, spare: Spare, name: Any) -> None:
+        """Keep the ranges a spare learned (the first of its kind that warmed up)."""
+        path = self._pages_file(spare.kind, spare.pid)
+        if name != path.name:
+            return
+        learned = pages.load(path)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        if learned is not None and spare.kind not in self.pages:
+            self.pages[spare.kind] = learned
+            self.learned[spare.kind] = pages.count(learned)
+
+    def _become_handed_work(
+        self, kind: str, message: dict[str, Any], fds: list[int], data_mb: int
+    ) -> None:
+        zygote = self.zygote
+        # RLIMIT_DATA counts what the spare allocated while warming up; the job's own
+        # budget stays what it would be in a fresh fork.
+        grown = max(0, data_mb - zygote.data_mb)
+
+        def limits(given: dict[str, int]) -> dict[str, int]:
+            return {**given, "memory_mb": int(given["memory_mb"]) + grown}
+
+        if kind == "job" and message.get("op") == "job" and len(fds) == 4:
+            run = message["run"]
+            conf = zygote.job_confinement(run["dirs"], limits(run["limits"]), False, fds)
+            spec = run["spec"]
+            zygote.become_child(conf, lambda: child.run_export_job(spec), detached=True)
+        elif kind == "loader" and message.get("op") == "load" and len(fds) == 3:
+            pt2, threads = str(message["pt2"]), int(message["threads"])
+            given = limits(message["limits"])
+            conf = zygote.loaders.confinement(message["dirs"], given, False, fds)
+            zygote.become_child(conf, lambda: load(pt2, threads), announce=False, detached=True)
+
+    def on_message(self, kind: str) -> None:
+        """A spare said `ready` (or died: its socket closed)."""
+        spare = self.children.get(kind)
+        if spare is None:
+            return
+        try:
+            message, fds = protocol.receive(spare.sock)
+        except (OSError, ValueError):
+            message, fds = None, []
+        for fd in fds:
+            close_fd(fd)
+        if message is not None and message.get("op") == "ready" and not spare.ready:
+            spare.ready = True
+            spare.rss_mb = int(message.get("rss_mb", 0))
+            if message.get("pages"):
+                self._take_pages(spare, message["pages"])
+            self.failures = 0
+            self.tell()
+            return
+        self.drop(spare, failed=True)
+
+    def take(self, kind: str) -> Spare | None:
+        """The ready spare of this kind, now owned by the caller. Work never waits for a
+        spare still warming. One warming up the slow way (~700 ms: nothing learned for
+        its kind yet) is killed, so as not to share the CPU with the work; one faulting
+        in learned pages (~50 ms) is left to finish, for the round trip or the next job."""
+        for other in list(self.children.values()):
+            if not other.ready and other.kind not in self.pages:
+                self.drop(other, failed=False)
+        spare = self.children.get(kind)
+        if spare is None or not spare.ready:
+            return None
+        del self.children[kind]
+        self.zygote.selector.unregister(spare.sock)
+        self.tell()
+        return spare
+
+    def tell(self) -> None:
+        """Tell the worker which spares are ready (benchmarks and tests wait for them)."""
+        ready = sorted(kind for kind, spare in self.children.items() if spare.ready)
+        with contextlib.suppress(OSError):
+            protocol.send(
+                self.zygote.ctl, {"op": "spares", "ready": ready, "learned": self.learned}
+            )
+
+    def hand_over(self, spare: Spare, message: dict[str, Any], fds: list[int]) -> bool:
+        """Send a taken spare its work; False (and the spare killed) when that fails."""
+        try:
+            protocol.send(spare.sock, message, fds)
+            return True
+        except (OSError, ValueError):  # gone, or the message too large: a fresh fork
+            kill_group(spare.pid)
+            return False
+        finally:
+            spare.sock.close()
+
+    def drop(self, spare: Spare, failed: bool) -> None:
+        """Kill a spare; after `MAX_SPARE_FAILURES` failed ones in a row, stop making them."""
+        if self.children.get(spare.kind) is not spare:
+            return
+        del self.children[spare.kind]
+        if spare.ready:
+            self.tell()
+        with contextlib.suppress(KeyError, ValueError):
+            self.zygote.selector.unregister(spare.sock)
+        spare.sock.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(spare.pid, signal.SIGKILL)
+        if failed:
+            self.failures += 1
+            if self.failures >= MAX_SPARE_FAILURES:
+                self.enabled = False
+                for other in list(self.children.values()):  # as the log line says
+                    self.drop(other, failed=False)
+                print(
+                    f"torchport zygote: {self.failures} spares died before they were "
+                    "ready; jobs get fresh forks from now on",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def reap(self, pid: int) -> None:
+        """A child of the zygote exited: if it was a spare, it failed."""
+        for spare in list(self.children.values()):
+            if pid == spare.pid:
+                self.drop(spare, failed=True)
+
+    def drop_all(self) -> None:
+        """Kill every spare (the zygote is shutting down)."""
+        for spare in list(self.children.values()):
+            self.drop(spare, failed=False)
+
+    def close_sockets(self) -> None:
+        """In a fresh fork: let go of the spares' sockets (the zygote's, not the child's)."""
+        for spare in self.children.values():
+            spare.sock.close()

@@ -1,0 +1,93 @@
+"""A job's staging directory under `jobs_root`: made before the job (the uploads copied
+in, the options as a file, all owned by the job's uid) and removed after it, off the
+job's critical path (`Cleaner`).
+
+It is the only writable place a job can see: `in`, `out`, `tmp/work` for the job
+child, `tmp/loader` for its round-trip loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from worker.sandbox.settings import SandboxJob
+
+__all__ = ["Cleaner", "stage"]
+
+
+def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> dict[str, Any]:
+    """Copy the uploads into a fresh directory only this job's uid can enter; returns the
+    job child's spec (paths of the uploads, the options file, its out and work dirs)."""
+    dirs = {name: staging / name for name in ("in", "out", "tmp")}
+    for path in (staging, *dirs.values(), dirs["tmp"] / "loader", dirs["tmp"] / "work"):
+        path.mkdir(mode=0o700)
+    # The options go by file: valid options may exceed a control message (64 KiB).
+    options_file = staging / "options.json"
+    options_file.write_text(json.dumps(job.options))
+    spec: dict[str, Any] = {"options_file": str(options_file)}
+    for name in ("model", "inputs", "weights"):
+        source: Path | None = getattr(job, name)
+        if source is None:
+            spec[name] = None
+            continue
+        target = dirs["in"] / source.name
+        shutil.copyfile(source, target)
+        spec[name] = str(target)
+    spec["out_dir"], spec["work_dir"] = str(dirs["out"]), str(dirs["tmp"] / "work")
+    if ids is not None:
+        for dirpath, _dirnames, filenames in os.walk(staging):
+            os.chown(dirpath, *ids)
+            for filename in filenames:
+                os.chown(os.path.join(dirpath, filename), *ids)
+    return spec
+
+
+class Cleaner:
+    """Deletes finished jobs' staging directories off the jobs' critical path: each is
+    renamed into `trash` (the job's processes are all gone by then) and deleted by one
+    background thread. Deleting one took 1-15 ms here (ext4 with online discard).
+    Whatever a crashed worker left in `trash` is deleted when the next one starts."""
+
+    def __init__(self, trash: Path) -> None:
+        shutil.rmtree(trash, ignore_errors=True)
+        trash.mkdir(mode=0o700, parents=True)
+        self.trash = trash
+        self._queue: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="sandbox-cleaner", daemon=True)
+        self._thread.start()
+
+    def remove(self, directory: Path) -> None:
+        target = self.trash / directory.name
+        try:
+            os.rename(directory, target)
+        except FileNotFoundError:
+            return
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        with self._idle:
+            self._pending += 1
+        self._queue.put(target)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (directory := self._queue.get()) is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()

@@ -1,0 +1,150 @@
+"""Supervision of one running job from the worker: its limits, what the worker learns
+about it (`Watch`), and the loop that waits for its exit and kills its process group
+when it runs out of time, memory or disk, or is canceled.
+
+The job's pipes are read by pipes.py, its outputs by outputs.py; what the verdict
+becomes is results.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schemas import ExportOptions
+from worker.sandbox import quota
+from worker.sandbox.processes import read_rss
+from worker.sandbox.settings import SandboxSettings
+
+if TYPE_CHECKING:
+    from worker.sandbox.outputs import Accepted
+    from worker.sandbox.zygote_client import ZygoteClient
+
+__all__ = ["Watch", "job_limits", "kill_job", "measure_disk", "supervise"]
+
+
+@dataclass
+class Watch:
+    """What the worker learns about one running job."""
+
+    messages: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    lockdown: dict[str, Any] | None = None
+    refused: tuple[str, str] | None = None
+    bad_lines: int = 0
+    spare: bool = False
+    """The job ran in a pre-forked, self-warmed spare child rather than a fresh fork."""
+    prefault: bool = False
+    """A fresh fork that faulted in the pages a spare's warm-up touches before the job."""
+    done: bool = False
+    """The child said its outputs are written (it is about to exit)."""
+    accepted: Accepted | None = None
+    """Its outputs, read, validated and copied out of its reach while it exited."""
+    roundtrips: dict[str, int] | None = None
+    """Round trips the zygote ran for the job: how many, how many in a spare loader."""
+    disk: quota.DiskUse | None = None
+    """The largest disk use measured while the job ran (the last one, if over)."""
+
+
+def job_limits(
+    options: ExportOptions, settings: SandboxSettings, baseline_mb: int, gpu_job: bool = False
+) -> tuple[dict[str, Any], float]:
+    """The job child's rlimits (sent to the zygote) and its wall-clock timeout."""
+    timeout = min(float(options.timeout_s), settings.max_timeout_s)
+    memory = min(options.memory_mb, settings.max_memory_mb)
+    cpu = settings.cpu_s or int(timeout * (os.cpu_count() or 1)) + 10
+    margin = settings.gpu_data_margin_mb if gpu_job else 0
+    limits: dict[str, Any] = {
+        # RLIMIT_DATA counts what the child inherited from the zygote, too.
+        "memory_mb": memory + baseline_mb + margin,
+        "cpu_s": cpu,
+        "fsize_mb": min(settings.fsize_mb, settings.disk_mb),
+        "nofile": settings.nofile,
+        "nproc": settings.nproc,
+    }
+    return limits, timeout
+
+
+def supervise(
+    zygote: ZygoteClient,
+    job_id: str,
+    watch: Watch,
+    timeout: float,
+    memory_bytes: int,
+    cancel: threading.Event | None,
+    staging: Path,
+    settings: SandboxSettings,
+    on_done: Callable[[], None] = lambda: None,
+) -> tuple[str | None, dict[str, Any]]:
+    """Wait for the job; kill its process group on timeout, memory, disk or cancel.
+    `on_done` runs when the child says its outputs are written, while it exits."""
+    deadline = time.monotonic() + timeout
+    outer: int | None = None
+    verdict: str | None = None
+    next_disk_check = 0.0
+    while True:
+        try:
+            message = watch.messages.get(timeout=0.05)
+        except queue.Empty:
+            message = None
+        if message is not None:
+            op = message.get("op")
+            if op == "started":
+                outer = zygote.inner_to_outer(int(message["pid"]))
+                watch.spare = bool(message.get("spare"))
+                watch.prefault = bool(message.get("prefault"))
+                # A spare's warm-up left it this much more resident than the zygote.
+                memory_bytes += max(0, int(message.get("extra_rss_mb") or 0)) << 20
+            elif op == "exited":
+                trips = message.get("roundtrips")
+                if isinstance(trips, dict):
+                    watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
+                return verdict, {"code": message.get("code"), "signal": message.get("signal")}
+            elif op == "dead":
+                return verdict or "zygote_died", {}
+            elif op == "done" and verdict is None:
+                on_done()
+            continue
+        if verdict is None:
+            if cancel is not None and cancel.is_set():
+                verdict = "canceled"
+            elif time.monotonic() > deadline:
+                verdict = "timeout"
+            elif outer is not None and read_rss(outer) > memory_bytes:
+                verdict = "out_of_memory"
+            elif time.monotonic() >= next_disk_check:
+                next_disk_check = time.monotonic() + settings.disk_check_interval_s
+                if measure_disk(staging, outer, watch, settings):
+                    verdict = "disk_quota_exceeded"
+            if verdict is not None:
+                kill_job(zygote, job_id, outer)
+                deadline = time.monotonic() + settings.kill_grace_s
+        elif time.monotonic() > deadline:
+            # The zygote did not confirm the kill: it is wedged, so replace it.
+            zygote.stop()
+            return verdict, {}
+
+
+def measure_disk(staging: Path, pid: int | None, watch: Watch, settings: SandboxSettings) -> bool:
+    """Measure the job's disk use (quota.py); keep the largest in `watch.disk`. True when
+    it is over the quota."""
+    limit = settings.disk_mb << 20
+    use = quota.measure(staging, pid, limit, settings.max_inodes)
+    watch.disk = use if watch.disk is None else watch.disk.peak(use)
+    return use.over(limit, settings.max_inodes)
+
+
+def kill_job(zygote: ZygoteClient, job_id: str, outer: int | None) -> None:
+    """Kill the job's process group (when its pid is known) and ask the zygote to."""
+    if outer is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(outer, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        zygote.send({"op": "kill", "id": job_id})
