@@ -2,7 +2,7 @@
 #
 # One image for the API and the workers; the command picks the role:
 #   API:        uvicorn service.app:create_app --factory --host 0.0.0.0 --port 8000
-#   migrations: alembic -c service/alembic.ini upgrade head
+#   migrations: torchport db upgrade      (TORCHPORT_DATABASE_URL; once per release, first)
 #   worker:     torchport worker
 #
 # CPU image (default):   docker build -t torchport:cpu .
@@ -20,9 +20,14 @@ FROM ${PYTHON_IMAGE} AS build
 # cpu | cuda
 ARG DEVICE=cpu
 ARG TORCH_VERSION=2.13.0
-# Where torch comes from. Empty = by DEVICE: the CPU-only index for cpu (a ~200 MB wheel
-# instead of ~3 GB), PyPI for cuda (PyPI's Linux torch wheel is the CUDA build). Set it to
-# e.g. https://download.pytorch.org/whl/cu128 to pin another CUDA minor version.
+# torchvision built for that torch (0.28 goes with 2.13), and timm: the versions tested
+# beside the `models` extra of pyproject.toml.
+ARG TORCHVISION_VERSION=0.28.0
+ARG TIMM_VERSION=1.0.31
+# Where torch and torchvision come from. Empty = by DEVICE: the CPU-only index for cpu (a
+# ~200 MB wheel instead of ~3 GB), PyPI for cuda (PyPI's Linux torch wheel is the CUDA
+# build). Set it to e.g. https://download.pytorch.org/whl/cu128 to pin another CUDA minor
+# version.
 ARG TORCH_INDEX_URL=
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -37,7 +42,7 @@ RUN case "$DEVICE" in \
       cuda) index="${TORCH_INDEX_URL:-https://pypi.org/simple}" ;; \
       *)    echo "DEVICE must be cpu or cuda, not '$DEVICE'" >&2; exit 2 ;; \
     esac \
- && pip install --index-url "$index" "torch==${TORCH_VERSION}"
+ && pip install --index-url "$index" "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 
 # Dependencies first (cached while only the code changes), then the code itself.
 WORKDIR /app
@@ -47,7 +52,14 @@ COPY engine ./engine
 COPY service ./service
 COPY worker ./worker
 COPY torchport ./torchport
-RUN pip install . && python -c "import engine, service, worker, torchport"
+# The model libraries uploads may import (`torchport env` lists them): the `models` extra
+# (transformers, diffusers), then timm without its dependencies, because pip would
+# otherwise resolve timm's torchvision against PyPI, whose wheels are CUDA builds. Nothing
+# here may replace the torch and torchvision installed above.
+RUN pip install '.[models]' \
+ && pip install --no-deps "timm==${TIMM_VERSION}" \
+ && python -c "import engine, service, worker, torchport" \
+ && python -c "import torch, torchvision, timm, transformers, diffusers; assert torch.__version__.startswith('${TORCH_VERSION}')"
 
 # -------------------------------------------------------------- runtime stage
 FROM ${PYTHON_IMAGE} AS runtime

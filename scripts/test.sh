@@ -20,6 +20,10 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
+# torch first; nothing after it may replace it. The `models` extra (transformers,
+# diffusers: the real-model tests need them) names no torch, and timm and torchvision are
+# not in it: pip would take timm's torchvision from PyPI, built for (and pulling in) a
+# CUDA torch. `pip install --dry-run -e '.[test,models]'` lists only torchport.
 pip install -q torch==2.13.0
-pip install -q -e '.[test]'
+pip install -q -e '.[test,models]'
 python -m pytest -q -p no:cacheprovider "$@"

@@ -8,26 +8,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import web
-from service.auth import Authenticator, RateLimiter
+from service.auth import Authenticator, is_loopback, make_rate_limiter
 from service.database import make_engine, make_session_factory, migrate
 from service.deps import AppState
-from service.errors import install_error_handlers
+from service.errors import Forbidden, install_error_handlers
 from service.jobs import engine_fingerprint
 from service.lifecycle import recover_lost_jobs
 from service.metrics import Metrics
+from service.notices import make_publisher, publish_after_commit
 from service.queue import enqueue_export, make_celery
-from service.routes import exports, health
+from service.routes import environment, exports, health
 from service.settings import ServiceSettings
 from service.store import open_store
+from service.streams import EventHub, StreamLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +39,19 @@ logger = logging.getLogger(__name__)
 def build_state(settings: ServiceSettings) -> AppState:
     """Connect to the database, the store and the broker as `settings` say."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # The database, the broker's messages and the store hold every tenant's job ids,
+    # uploads and hashes: no other uid (a job's) may even list or stat them.
+    with contextlib.suppress(OSError):  # a data dir we do not own keeps its mode
+        os.chmod(settings.data_dir, 0o700)
     url = settings.resolved_database_url
     if settings.auto_migrate:
         migrate(url)
     engine = make_engine(url)
     sessions = make_session_factory(engine)
+    broker_url = settings.resolved_broker_url
+    publisher = make_publisher(broker_url, settings.broker_key_prefix)
+    if publisher is not None:
+        publish_after_commit(sessions, publisher)
     return AppState(
         settings=settings,
         engine=engine,
@@ -47,9 +59,17 @@ def build_state(settings: ServiceSettings) -> AppState:
         store=open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url),
         celery=make_celery(settings),
         authenticator=Authenticator(sessions),
-        rate_limiter=RateLimiter(settings.rate_limit_per_minute),
+        rate_limiter=make_rate_limiter(
+            settings.resolved_broker_url,
+            settings.rate_limit_per_minute,
+            key_prefix=settings.broker_key_prefix,
+        ),
         metrics=Metrics(sessions),
         fingerprint=engine_fingerprint(),
+        hub=EventHub(broker_url, settings.broker_key_prefix),
+        stream_limiter=StreamLimiter(
+            broker_url, settings.max_streams_per_key, key_prefix=settings.broker_key_prefix
+        ),
     )
 
 
@@ -84,6 +104,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logger.info("API keys configured: every call needs Authorization: Bearer <key>")
     else:
         logger.warning("no API keys configured: the API is open to anyone who can reach it")
+    await state.hub.start()  # subscribed before the first stream loads its job
     reaper = asyncio.create_task(_reaper(state))
     try:
         yield
@@ -91,6 +112,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         reaper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reaper
+        await state.hub.stop()
         state.engine.dispose()
 
 
@@ -125,9 +147,52 @@ class MetricsMiddleware:
                 state.metrics.latency.labels(path, method).observe(time.perf_counter() - started)
 
 
+_FORWARDED = (b"forwarded", b"x-forwarded-for", b"x-real-ip")
+PROBE_PATHS = ("/healthz", "/readyz")
+
+
+class LoopbackOnlyWithoutKeys:
+    """A server without API keys answers loopback clients only, however it was started
+    (`torchport serve`, or `uvicorn --factory service.app:create_app`): any other client
+    gets `forbidden` 403 with a hint, unless `TORCHPORT_ALLOW_REMOTE_WITHOUT_KEYS`. A
+    request that came through a proxy (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`)
+    counts as remote even from a loopback address: the proxy serves someone else, and
+    a trusted `X-Forwarded-For: 127.0.0.1` must not open the server. `/healthz` and
+    `/readyz` stay open for the orchestrator's probes (they say nothing about jobs)."""
+
+    def __init__(self, app: ASGIApp, fastapi_app: FastAPI) -> None:
+        self.app = app
+        self.fastapi_app = fastapi_app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") not in PROBE_PATHS:
+            settings: ServiceSettings = self.fastapi_app.state.settings
+            client = scope.get("client")
+            local = is_loopback(client[0] if client else None) and not any(
+                name in _FORWARDED for name, _ in scope.get("headers", [])
+            )
+            if not local and not settings.allow_remote_without_keys:
+                state: AppState | None = getattr(self.fastapi_app.state, "torchport", None)
+                if state is not None and not state.authenticator.keys_configured():
+                    await self._refuse(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        error = Forbidden(
+            "this server has no API keys and answers only this machine's clients",
+            hint="create a key (`torchport keys create NAME`) and send "
+            "`Authorization: Bearer <key>`, or set TORCHPORT_ALLOW_REMOTE_WITHOUT_KEYS=true",
+            details={"reason": "no_api_keys"},
+        )
+        response = JSONResponse(status_code=403, content=error.body().model_dump(mode="json"))
+        await response(scope, receive, send)
+
+
 def create_app(settings: ServiceSettings | None = None, state: AppState | None = None) -> FastAPI:
     """The torchport API; settings from the environment unless given."""
-    from torchport import __version__
+    from schemas.version import __version__
 
     app = FastAPI(
         title="torchport",
@@ -140,7 +205,9 @@ def create_app(settings: ServiceSettings | None = None, state: AppState | None =
         app.state.torchport = state
     install_error_handlers(app)
     app.include_router(exports.router)
+    app.include_router(environment.router)
     app.include_router(health.router)
     web.mount(app)  # the browser pages at / and /web/ (after the API routes)
+    app.add_middleware(LoopbackOnlyWithoutKeys, fastapi_app=app)
     app.add_middleware(MetricsMiddleware, fastapi_app=app)
     return app

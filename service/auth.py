@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import logging
 import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import NotFound, RateLimited, Unauthorized
 from service.models import ApiKey, utcnow
+
+logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "tp_"
 CACHE_TTL_S = 2.0
@@ -173,3 +178,86 @@ class RateLimiter:
                     retry_after_s=(1.0 - tokens) / self.rate,
                 )
             self._buckets[identity] = (tokens - 1.0, now)
+
+
+class Limiter(Protocol):
+    """What the API needs of a rate limiter."""
+
+    def check(self, identity: str) -> None:
+        """Take one request of `identity`'s budget, or raise RateLimited."""
+        ...
+
+
+_TOKEN_BUCKET = """
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or capacity
+local at = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+local allowed = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate) + 1)
+return {allowed, tostring((1 - tokens) / rate)}
+"""
+
+
+class RedisRateLimiter:
+    """The same token bucket per caller, kept in Redis (one Lua script per request, on
+    Redis's clock), so every API replica draws from one bucket. If Redis does not answer,
+    this process's own bucket stands in (and a warning is logged)."""
+
+    def __init__(self, url: str, per_minute: int, *, key_prefix: str = "") -> None:
+        import redis
+
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.key_prefix = f"{key_prefix}torchport:ratelimit:"
+        self._client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self._script = self._client.register_script(_TOKEN_BUCKET)
+        self._local = RateLimiter(per_minute)
+        self._errors = (redis.RedisError, OSError)
+
+    def check(self, identity: str) -> None:
+        """Take one token for `identity` from the shared bucket.
+
+        Raises:
+            RateLimited: the bucket is empty; `Retry-After` says when one token is back.
+        """
+        try:
+            allowed, retry_after = self._script(
+                keys=[self.key_prefix + identity], args=[self.capacity, self.rate]
+            )
+        except self._errors:
+            logger.warning("rate limits: Redis did not answer; limiting per process")
+            self._local.check(identity)
+            return
+        if not int(allowed):
+            raise RateLimited(
+                "too many requests for this API key", retry_after_s=float(retry_after)
+            )
+
+
+def make_rate_limiter(broker_url: str, per_minute: int, *, key_prefix: str | None) -> Limiter:
+    """Limits shared through Redis when Redis is the broker; per process otherwise (the
+    embedded filesystem broker: one API process)."""
+    if broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisRateLimiter(broker_url, per_minute, key_prefix=key_prefix or "")
+    return RateLimiter(per_minute)
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether a client address is this machine (None: a Unix socket). Names that are not
+    addresses count as remote."""
+    if host is None:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

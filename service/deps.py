@@ -11,10 +11,11 @@ from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.auth import Authenticator, Caller, RateLimiter
+from service.auth import Authenticator, Caller, Limiter
 from service.metrics import Metrics
 from service.settings import ServiceSettings
 from service.store import ArtifactStore
+from service.streams import EventHub, StreamLimiter
 
 
 @dataclass
@@ -27,9 +28,11 @@ class AppState:
     store: ArtifactStore
     celery: Celery
     authenticator: Authenticator
-    rate_limiter: RateLimiter
+    rate_limiter: Limiter
     metrics: Metrics
     fingerprint: str
+    hub: EventHub
+    stream_limiter: StreamLimiter
 
 
 async def get_state(request: Request) -> AppState:
@@ -61,7 +64,8 @@ async def get_caller(
     """
     caller = state.authenticator.authenticate(authorization)
     if caller.key_id is not None:
-        # Without keys the server is loopback-only: the one local user is not throttled.
+        # Without keys the app answers loopback callers only (service.app), and the one
+        # local user is not throttled. Shared through Redis by every replica.
         state.rate_limiter.check(caller.identity)
     return caller
 

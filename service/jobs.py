@@ -23,9 +23,10 @@ from sqlalchemy.orm import Session, selectinload
 
 from schemas import ArtifactRef, ErrorBody, ExportOptions, JobPublic, StageEvent, WebhookDelivery
 from schemas.job import TERMINAL_STATUSES
+from service import archives
 from service.auth import Caller
 from service.errors import Conflict, InvalidRequest, NotFound, RateLimited
-from service.models import Artifact, Job, StageEventRow, utcnow
+from service.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from service.queue import queue_for
 from service.store import ArtifactStore
 from service.uploads import UploadedForm
@@ -33,7 +34,7 @@ from service.uploads import UploadedForm
 MODEL_SUFFIXES = (".py", ".zip")
 INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
 WEIGHTS_SUFFIXES = (".safetensors", ".pt")
-ZIP_MAX_MEMBERS = 10_000
+ZIP_MAX_MEMBERS = archives.MAX_ENTRIES
 ZIP_MAX_EXPANSION = 64
 """A zip may unpack to at most this many times the model limit (zip bombs)."""
 
@@ -123,6 +124,8 @@ def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> N
 def validate_uploads(form: UploadedForm, options: ExportOptions, max_model_bytes: int) -> None:
     """Check what can be checked without running anything: presence, types, encoding.
 
+    Blocking (reads the files): endpoints call it from a worker thread.
+
     Raises:
         InvalidRequest: no model, a wrong file type, non-UTF-8 source, a broken zip or a
             zip without the entry file.
@@ -148,19 +151,24 @@ def validate_uploads(form: UploadedForm, options: ExportOptions, max_model_bytes
 
 
 def _validate_zip(path: Path, entry: str | None, max_model_bytes: int) -> None:
+    too_many = InvalidRequest(
+        "model zip unpacks to too much", details={"field": "model", "reason": "zip_too_large"}
+    )
     try:
+        # Counted from the end record before zipfile parses every entry (zip bombs of
+        # entries: 312k of them fit in 16 MiB and take seconds to parse).
+        if archives.count_entries(path, ZIP_MAX_MEMBERS) > ZIP_MAX_MEMBERS:
+            raise too_many
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise InvalidRequest(
             "model is not a readable zip", details={"field": "model", "reason": "bad_zip"}
         ) from exc
     if len(members) > ZIP_MAX_MEMBERS or sum(m.file_size for m in members) > (
         ZIP_MAX_EXPANSION * max_model_bytes
     ):
-        raise InvalidRequest(
-            "model zip unpacks to too much", details={"field": "model", "reason": "zip_too_large"}
-        )
+        raise too_many
     names = {m.filename for m in members}
     if any(name.startswith("/") or ".." in Path(name).parts for name in names):
         raise InvalidRequest(
@@ -221,6 +229,10 @@ def submit(
         fingerprint=fingerprint,
     )
     owner = _owner_filter(caller)
+    if caller.key_id is not None:
+        # One submission per key at a time, whichever API replica takes it: the in-flight
+        # lookup, the concurrency count and the insert below cannot interleave.
+        session.execute(select(ApiKey.id).where(ApiKey.id == caller.key_id).with_for_update())
     earlier = session.scalar(
         select(Job)
         .where(owner, Job.cache_key == key, Job.status.in_(("succeeded", "queued", "running")))
@@ -232,7 +244,7 @@ def submit(
         # A double submission while the first is in flight: one job, not two.
         return Submission(job=earlier, enqueue=False)
     for upload in form.files.values():
-        store.put_file(upload.path, sha256=upload.sha256)
+        store.put_file(upload.path, sha256=upload.sha256, own=True)
     now = utcnow()
     job = Job(
         id=_new_id(),

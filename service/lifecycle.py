@@ -1,15 +1,21 @@
 """State changes of a job after submission: claimed by a worker, stage events, heartbeats,
 finished; and recovery of jobs whose worker died or whose queue message was lost.
 
+This is the one place job records are written after submission, so it is where they are
+bounded: at most `MAX_EVENTS_PER_JOB` progress events per job, messages and errors cut
+with a visible `… [truncated N bytes]` marker (a job's own code chooses them).
+
 Every change is a conditional UPDATE on the job row, so two workers (a redelivered
 message, a re-queued job) can never both run one job, and a finished job is never redone.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +29,76 @@ logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2
 """A job whose worker died is re-queued once; the second loss fails it."""
+
+MAX_EVENTS_PER_JOB = 200
+"""Stage events a worker may record for one job (a progress event every 0.5 s at most
+within a stage; the job's own code can write progress lines). Later progress updates the
+job's stage but is not kept; the lifecycle's own events (running, queued again, the final
+status) are always recorded, so a job never has more than a few more than this."""
+MAX_EVENT_MESSAGE_BYTES = 2048
+"""Longest stage event message kept (UTF-8 bytes), the rest replaced by a marker."""
+MAX_ERROR_TEXT_BYTES = 16 * 1024
+"""Longest error `message`, `hint` or `location.code` kept."""
+MAX_ERROR_DETAILS_BYTES = 64 * 1024
+"""Largest error `details` kept as they are (as JSON); larger ones have their strings and
+lists shortened."""
+EVENT_LIMIT_MESSAGE = (
+    f"[event limit of {MAX_EVENTS_PER_JOB} reached: later progress of this job is not recorded]"
+)
+
+
+def truncate(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, with a visible marker of what was cut."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit:
+        return text
+    kept = encoded[:limit].decode("utf-8", "ignore")
+    return f"{kept}… [truncated {len(encoded) - len(kept.encode('utf-8'))} bytes]"
+
+
+def _shorten(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return truncate(value, 1024)
+    if depth > 8:
+        return "… [truncated: nested too deep]"
+    if isinstance(value, dict):
+        items = list(value.items())
+        kept = {str(k)[:200]: _shorten(v, depth + 1) for k, v in items[:100]}
+        if len(items) > 100:
+            kept["…"] = f"[truncated {len(items) - 100} more keys]"
+        return kept
+    if isinstance(value, list | tuple):
+        shortened = [_shorten(v, depth + 1) for v in value[:50]]
+        if len(value) > 50:
+            shortened.append(f"… [truncated {len(value) - 50} more items]")
+        return shortened
+    return value
+
+
+def bound_error(error: ErrorBody) -> ErrorBody:
+    """The error as a job record keeps it: message, hint, location and details bounded
+    (a job's own exception can carry megabytes; the record is served on every GET)."""
+    update: dict[str, Any] = {"message": truncate(error.message, MAX_ERROR_TEXT_BYTES)}
+    if error.hint is not None:
+        update["hint"] = truncate(error.hint, MAX_ERROR_TEXT_BYTES)
+    if error.location is not None:
+        update["location"] = error.location.model_copy(
+            update={
+                "file": truncate(error.location.file, 1024),
+                "code": None
+                if error.location.code is None
+                else truncate(error.location.code, MAX_ERROR_TEXT_BYTES),
+            }
+        )
+    size = len(json.dumps(error.details, default=str))
+    if size > MAX_ERROR_DETAILS_BYTES:
+        details = _shorten(error.details)
+        if len(json.dumps(details, default=str)) > MAX_ERROR_DETAILS_BYTES:
+            details = {"truncated": f"[details of {size} bytes not kept]"}
+        update["details"] = details
+    if len(error.exportdb) > 50:
+        update["exportdb"] = error.exportdb[:50]
+    return error.model_copy(update=update)
 
 
 @dataclass(frozen=True)
@@ -56,19 +132,30 @@ def add_event(
     stage: str | None = None,
     fraction: float | None = None,
     message: str | None = None,
-) -> None:
-    """Append a stage event to a job."""
+    bounded: bool = False,
+) -> bool:
+    """Append a stage event to a job, its message cut to `MAX_EVENT_MESSAGE_BYTES`.
+
+    `bounded` (a worker's progress): not recorded once the job has `MAX_EVENTS_PER_JOB`
+    events; the last one recorded says so. Returns whether the event was recorded.
+    """
+    seq = next_seq(session, job_id)
+    if bounded and seq >= MAX_EVENTS_PER_JOB - 1:
+        if seq > MAX_EVENTS_PER_JOB - 1:
+            return False
+        message = EVENT_LIMIT_MESSAGE
     session.add(
         StageEventRow(
             job_id=job_id,
-            seq=next_seq(session, job_id),
+            seq=seq,
             stage=stage,
             status=status,
             fraction=fraction,
-            message=message,
+            message=None if message is None else truncate(message, MAX_EVENT_MESSAGE_BYTES),
             at=utcnow(),
         )
     )
+    return True
 
 
 def claim(sessions: sessionmaker[Session], job_id: str, worker: str) -> ClaimedJob | None:
@@ -122,7 +209,15 @@ def record_stage(
             .values(stage=stage, heartbeat_at=utcnow())
         )
         if result.rowcount == 1:  # type: ignore[attr-defined]
-            add_event(session, job_id, status, stage=stage, fraction=fraction, message=message)
+            add_event(
+                session,
+                job_id,
+                status,
+                stage=stage,
+                fraction=fraction,
+                message=message,
+                bounded=True,
+            )
 
 
 def heartbeat(sessions: sessionmaker[Session], job_id: str, worker: str) -> bool:
@@ -158,7 +253,10 @@ def finish(
     error: ErrorBody | None,
     artifacts: list[StoredArtifact],
 ) -> bool:
-    """Record the end of a running job; False if it was no longer this worker's."""
+    """Record the end of a running job; False if it was no longer this worker's.
+
+    The error is kept bounded (`bound_error`)."""
+    error = bound_error(error) if error is not None else None
     with transaction(sessions) as session:
         now = utcnow()
         result = session.execute(
@@ -195,6 +293,7 @@ def finish(
 
 def fail_job(sessions: sessionmaker[Session], job_id: str, error: ErrorBody) -> bool:
     """Fail a job that is not finished, whoever holds it (used for unrecoverable cases)."""
+    error = bound_error(error)
     with transaction(sessions) as session:
         result = session.execute(
             update(Job)

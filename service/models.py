@@ -1,4 +1,5 @@
-"""Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys.
+"""Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys, and
+the environments workers describe when they start.
 
 The job row is the source of truth for a job's status; the broker only carries its id.
 Schema changes go through Alembic (`service/migrations/`).
@@ -147,3 +148,20 @@ class Artifact(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     media_type: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkerEnvironmentRow(Base):
+    """The environment (Python, torch, installed libraries) a worker described at start.
+
+    One row per queue and host, replaced when a worker of that host starts again; the
+    API answers each queue's most recent (`GET /v1/environment`).
+    """
+
+    __tablename__ = "worker_environments"
+
+    queue: Mapped[str] = mapped_column(String(16), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), primary_key=True)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    environment_json: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_worker_environments_recorded", "queue", "recorded_at"),)

@@ -19,10 +19,16 @@ WEBHOOK_TASK = "torchport.webhook"
 
 
 class Queue(StrEnum):
-    """Broker queues: `gpu` jobs need a CUDA worker, everything else goes to `cpu`."""
+    """Broker queues: `gpu` jobs need a CUDA worker, every other export goes to `cpu`;
+    completion callbacks have their own queue, `webhooks`, so that deliveries never wait
+    behind exports nor hold an export worker."""
 
     CPU = "cpu"
     GPU = "gpu"
+    WEBHOOKS = "webhooks"
+
+
+EXPORT_QUEUES = (Queue.CPU.value, Queue.GPU.value)
 
 
 def queue_for(device: str) -> Queue:
@@ -56,7 +62,7 @@ def broker_options(settings: CommonSettings) -> tuple[str, dict[str, Any]]:
 
 
 def make_celery(settings: CommonSettings) -> Celery:
-    """A Celery app with torchport's task policy (see DESIGN.md, Data and lifecycle)."""
+    """A Celery app with torchport's task policy (see docs/service.md, the job lifecycle)."""
     url, transport_options = broker_options(settings)
     app = Celery("torchport", broker=url, set_as_current=False)
     if url.startswith("filesystem://"):
@@ -96,8 +102,13 @@ def enqueue_export(app: Celery, job_id: str, queue: str) -> None:
 
 
 def enqueue_webhook(app: Celery, job_id: str) -> None:
-    """Send the completion callback of a job to be delivered (with its own retries)."""
-    app.send_task(WEBHOOK_TASK, args=[job_id], queue=Queue.CPU.value, routing_key=Queue.CPU.value)
+    """Send the completion callback of a job to the `webhooks` queue (with its own retries)."""
+    app.send_task(
+        WEBHOOK_TASK,
+        args=[job_id],
+        queue=Queue.WEBHOOKS.value,
+        routing_key=Queue.WEBHOOKS.value,
+    )
 
 
 def ping_broker(app: Celery) -> None:

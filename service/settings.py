@@ -111,13 +111,29 @@ class ServiceSettings(CommonSettings):
     rate_limit_per_minute: int = Field(
         default=600,
         gt=0,
-        description="Requests per minute per API key (keyless loopback servers are not limited).",
+        description="Requests per minute per API key (keyless loopback servers are not "
+        "limited); one bucket in Redis for all API replicas when Redis is the broker.",
     )
     max_concurrent_jobs: int = Field(
         default=8, gt=0, description="Queued plus running jobs one API key may have."
     )
     events_poll_interval_s: float = Field(
-        default=0.05, gt=0, description="How often the event stream looks for new stage events."
+        default=0.05,
+        gt=0,
+        description="How often an event stream looks for new stage events when no job notices "
+        "arrive (the embedded broker; Redis not answering).",
+    )
+    events_safety_reload_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="With job notices over Redis: how often a stream reloads its job anyway, "
+        "in case a notice was lost.",
+    )
+    max_streams_per_key: int = Field(
+        default=16,
+        gt=0,
+        description="Event streams one API key may hold open at once (across API replicas "
+        "when Redis is the broker); one more is refused with `rate_limited`.",
     )
     events_max_duration_s: float = Field(
         default=MAX_JOB_TIMEOUT_S + 600.0,
@@ -137,7 +153,8 @@ class ServiceSettings(CommonSettings):
     )
     allow_remote_without_keys: bool = Field(
         default=False,
-        description="Serve on a non-loopback address with no API keys (refused by default).",
+        description="Answer non-loopback (or proxied) clients with no API keys; by default a "
+        "keyless app answers them `forbidden` 403.",
     )
     auto_migrate: bool = Field(
         default=True, description="Run the database migrations when the API starts."

@@ -9,14 +9,37 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 CHUNK = 1024 * 1024
+BLOB_MODE = 0o644
+"""Every local blob: owned by the service's uid, readable, never executable or setuid."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _sound(path: Path) -> bool:
+    """Whether a stored blob is a regular file of this process's uid with mode 0644."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and stat.S_IMODE(info.st_mode) == BLOB_MODE
+    )
 
 
 class StoreError(Exception):
@@ -49,8 +72,13 @@ class ArtifactStore(Protocol):
 
     url: str
 
-    def put_file(self, path: Path, sha256: str | None = None) -> tuple[str, int]:
-        """Store the file's bytes; returns (sha256, size). Idempotent."""
+    def put_file(
+        self, path: Path, sha256: str | None = None, *, own: bool = False
+    ) -> tuple[str, int]:
+        """Store a copy of the file's bytes; returns (sha256, size). Idempotent.
+
+        `own`: the file is a private one this process wrote and will delete (an upload it
+        received), so a local store may take it over instead of copying it."""
         ...
 
     def exists(self, sha256: str) -> bool:
@@ -86,31 +114,80 @@ class LocalStore:
         sha256 = _check_digest(sha256)
         return self.root / sha256[:2] / sha256
 
-    def put_file(self, path: Path, sha256: str | None = None) -> tuple[str, int]:
-        """Store the file's bytes (hard link when possible); returns (sha256, size)."""
-        if sha256 is None:
-            sha256, size = sha256_file(path)
+    def put_file(
+        self, path: Path, sha256: str | None = None, *, own: bool = False
+    ) -> tuple[str, int]:
+        """Store the file's bytes as a blob owned by this process, mode 0644; returns
+        (sha256, size).
+
+        The bytes are copied (and hashed while copied), never linked: a job's output is
+        owned by the job's uid with the mode the job chose (02777, say), and a hard link
+        would make that inode the blob every later identical file reuses. Only with
+        `own` (an upload this process received into its private temporary directory) is
+        the file linked, and only when it is a regular file of this process's uid with no
+        other link. A stored blob that is not such a file (left by an older version) is
+        replaced.
+        """
+        if own and sha256 is not None:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink == 1:
+                target = self._path(sha256)
+                if not _sound(target):
+                    self._install(target, sha256, lambda tmp: os.link(path, tmp))
+                return sha256, info.st_size
+        digest, size, tmp = self._copy_in(path)
+        if sha256 is not None and digest != sha256:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"{path} changed while stored: {digest} is not {sha256}")
+        target = self._path(digest)
+        if _sound(target):
+            tmp.unlink(missing_ok=True)
         else:
-            size = path.stat().st_size
-        target = self._path(sha256)
-        if target.exists():
-            return sha256, size
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Write under a temporary name and rename: readers never see a partial blob.
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".incoming-")
-        os.close(fd)
+            self._install(target, digest, lambda new: os.replace(tmp, new))
+        return digest, size
+
+    def _copy_in(self, path: Path) -> tuple[str, int, Path]:
+        """Copy `path` into a new private file of the store, hashing it on the way."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=self.root, prefix=".incoming-")
         tmp = Path(tmp_name)
+        digest = hashlib.sha256()
+        size = 0
         try:
-            tmp.unlink()
+            source = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             try:
-                os.link(path, tmp)
-            except OSError:
-                shutil.copyfile(path, tmp)
+                if not stat.S_ISREG(os.fstat(source).st_mode):
+                    raise StoreError(f"{path} is not a regular file")
+                with os.fdopen(source, "rb", closefd=False) as reader:
+                    while chunk := reader.read(CHUNK):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        _write_all(fd, chunk)
+            finally:
+                os.close(source)
+            os.fchmod(fd, BLOB_MODE)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"could not store {path}: {exc}") from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return digest.hexdigest(), size, tmp
+
+    def _install(self, target: Path, sha256: str, make: Callable[[Path], None]) -> None:
+        """Put a blob in place under a temporary name, then rename: readers never see a
+        partial blob."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".incoming-{secrets.token_hex(8)}"
+        try:
+            make(tmp)
+            os.chmod(tmp, BLOB_MODE)
             os.replace(tmp, target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"could not store blob {sha256}: {exc}") from exc
-        return sha256, size
 
     def exists(self, sha256: str) -> bool:
         """Whether a blob is stored."""
@@ -208,7 +285,9 @@ class S3Store:
         except BotoCoreError as exc:
             raise StoreError(f"S3 {name} failed: {exc}") from exc
 
-    def put_file(self, path: Path, sha256: str | None = None) -> tuple[str, int]:
+    def put_file(
+        self, path: Path, sha256: str | None = None, *, own: bool = False
+    ) -> tuple[str, int]:
         """Upload the file unless an object with its digest exists; returns (sha256, size)."""
         if sha256 is None:
             sha256, size = sha256_file(path)

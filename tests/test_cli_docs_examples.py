@@ -211,3 +211,44 @@ def test_usage_error_exits_2_with_error_body(tmp_path: Path) -> None:
     body = json.loads(result.stdout)
     assert body["code"] == "invalid_request"
     assert body["details"]["errors"][0]["field"].startswith("strict")
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchport.cli", "export", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_several_models_share_one_sandbox(tmp_path: Path) -> None:
+    names = ["docs_plain_function.py", "load_no_model.py", "docs_bare_tensor.py"]
+    result = _cli(*(str(MODELS / n) for n in names), "--out", str(tmp_path))
+    assert result.returncode == 1, result.stderr[-3000:]  # one of them failed
+    reports = {n: json.loads((tmp_path / n[:-3] / "report.json").read_text()) for n in names}
+    assert reports["docs_plain_function.py"]["status"] == "succeeded"
+    assert reports["load_no_model.py"]["error"]["code"] == "model_not_found"
+    assert reports["docs_bare_tensor.py"]["status"] == "succeeded"
+    for name in ("docs_plain_function.py", "docs_bare_tensor.py"):
+        assert_verified(reports[name])
+        assert (tmp_path / name[:-3] / "program.pt2").is_file()
+    # One zygote served all three, in order.
+    assert [reports[n]["sandbox"]["details"]["zygote_job"] for n in names] == [1, 2, 3]
+
+
+def test_inputs_with_several_models_is_a_usage_error(tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text("{}")
+    result = _cli(
+        str(MODELS / "docs_plain_function.py"),
+        str(MODELS / "docs_bare_tensor.py"),
+        "--inputs",
+        str(inputs),
+        "--json",
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["code"] == "invalid_request"
+    assert not (tmp_path / "out").exists()

@@ -80,7 +80,15 @@ def test_schemas_import_nothing_of_ours() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["engine.artifacts", "worker.sandbox.runner", "torchport.commands.export"]
+    "module",
+    [
+        "engine.artifacts",
+        "engine.libraries",
+        "worker.sandbox.runner",
+        "worker.environment",
+        "torchport.commands.export",
+        "torchport.commands.env",
+    ],
 )
 def test_the_worker_side_never_imports_torch(module: str) -> None:
     # The worker process holds secrets and never imports torch; uploads run in the zygote.

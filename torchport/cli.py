@@ -16,7 +16,9 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "Run the whole service on this machine with embedded defaults.",
     "worker": "Run a production Celery worker.",
     "submit": "Submit a model to a torchport server and fetch the result.",
+    "env": "List torch and the libraries uploads can import, with versions.",
     "keys": "Create or revoke API keys.",
+    "db": "Migrate the database to the newest schema (db upgrade).",
 }
 
 USAGE_ERROR = 2

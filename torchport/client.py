@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from schemas import ErrorBody, JobPublic, StageEvent
+from schemas import EnvironmentList, ErrorBody, JobPublic, StageEvent
 from schemas.job import TERMINAL_STATUSES
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -239,6 +239,15 @@ class Client:
         response = self._http.get(f"/v1/exports/{job_id}")
         _raise_for(response)
         return JobPublic.model_validate(response.json())
+
+    def environment(self) -> EnvironmentList:
+        """Per queue, the libraries its workers' jobs can import (`GET /v1/environment`)."""
+        try:
+            response = self._http.get("/v1/environment")
+        except httpx.TransportError as exc:
+            raise TorchportError("unavailable", f"cannot reach {self.server}: {exc}") from exc
+        _raise_for(response)
+        return EnvironmentList.model_validate(response.json())
 
     def job(self, job_id: str) -> Job:
         """An existing job by id."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
@@ -34,6 +35,7 @@ from service.errors import (
 )
 from service.lifecycle import mark_unsent
 from service.queue import enqueue_export, queue_for
+from service.streams import STREAM_TTL_S
 from service.uploads import receive_form, safe_filename
 
 logger = logging.getLogger(__name__)
@@ -41,7 +43,16 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/exports", tags=["exports"])
 
 JOB_ID = Annotated[str, Field(max_length=64)]
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+_EVENT_ID = re.compile(r"^[0-9]{1,18}$")
+_HUGE = 10**18
+"""Stands for any position or length of more digits (past every file; int() of thousands
+of digits is refused by Python and slow)."""
+
+
+def _position(digits: str) -> int:
+    return int(digits) if len(digits) <= 18 else _HUGE
+
 
 UPLOAD_BODY: dict[str, Any] = {
     "required": True,
@@ -135,7 +146,10 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
     try:
         form = await receive_form(request, state.settings.upload_limits, directory)
         options = jobs.parse_options(form.options)
-        jobs.validate_uploads(form, options, state.settings.max_model_bytes)
+        # Reads the files (a zip's directory): off the event loop.
+        await run_in_threadpool(
+            jobs.validate_uploads, form, options, state.settings.max_model_bytes
+        )
         public, enqueue = await run_in_threadpool(_submit_in_db, state, form, options, caller)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -219,7 +233,11 @@ async def follow_export(
     caller: CallerDep,
     last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> EventSourceResponse:
-    """Stage events as they happen, ending with the final job; resumable by Last-Event-ID."""
+    """Stage events as they happen, ending with the final job; resumable by Last-Event-ID.
+
+    The job is reloaded when a notice says it has new events (Redis), at least every
+    `events_safety_reload_s`; without notices every `events_poll_interval_s`.
+    """
 
     def load(seq: int) -> tuple[list[Any], JobPublic | None, str]:
         with state.sessions() as session:
@@ -228,27 +246,71 @@ async def follow_export(
             final = jobs.to_public(job) if job.status in TERMINAL_STATUSES else None
             return events, final, job.status
 
-    seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else -1
-    first = await run_in_threadpool(load, seq)
+    seq = _last_event_id(last_event_id)
+    settings = state.settings
+    watch = state.hub.watch(job_id)
+    changed = watch.__enter__()  # before the first load: no notice falls in between
+    try:
+        first = await run_in_threadpool(load, seq)
+        ticket = None
+        if first[1] is None and caller.key_id is not None:  # as rate limits: keyed callers
+            ticket = await run_in_threadpool(state.stream_limiter.acquire, caller.identity)
+    except BaseException:
+        watch.__exit__(None, None, None)
+        raise
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
         nonlocal seq
         batch = first
-        deadline = time.monotonic() + state.settings.events_max_duration_s
-        while True:
-            events, final, _ = batch
-            for number, event in events:
-                seq = number
-                yield ServerSentEvent(data=event.model_dump_json(), event="stage", id=str(number))
-            if final is not None:
-                yield ServerSentEvent(data=final.model_dump_json(), event="job")
-                return
-            if time.monotonic() > deadline:
-                return
-            await asyncio.sleep(state.settings.events_poll_interval_s)
-            batch = await run_in_threadpool(load, seq)
+        deadline = time.monotonic() + settings.events_max_duration_s
+        refreshed = time.monotonic()
+        try:
+            while True:
+                events, final, _ = batch
+                for number, event in events:
+                    seq = number
+                    yield ServerSentEvent(
+                        data=event.model_dump_json(), event="stage", id=str(number)
+                    )
+                if final is not None:
+                    yield ServerSentEvent(data=final.model_dump_json(), event="job")
+                    return
+                if time.monotonic() > deadline:
+                    return
+                wait = (
+                    settings.events_safety_reload_s
+                    if state.hub.live
+                    else settings.events_poll_interval_s
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), wait)
+                changed.clear()
+                if ticket is not None and time.monotonic() - refreshed > STREAM_TTL_S / 3:
+                    refreshed = time.monotonic()
+                    await run_in_threadpool(state.stream_limiter.refresh, caller.identity, ticket)
+                batch = await run_in_threadpool(load, seq)
+        finally:
+            watch.__exit__(None, None, None)
+            if ticket is not None:
+                state.stream_limiter.release(caller.identity, ticket)
 
     return EventSourceResponse(stream(), ping=15)
+
+
+def _last_event_id(header: str | None) -> int:
+    """The sequence number to resume after; -1 without a header.
+
+    Raises:
+        InvalidRequest: not a sequence number (ASCII digits, at most 18).
+    """
+    if header is None or not header.strip():
+        return -1
+    if not _EVENT_ID.match(header.strip()):
+        raise InvalidRequest(
+            "Last-Event-ID must be the id of an event of this stream (a sequence number)",
+            details={"field": "Last-Event-ID", "reason": "not_an_event_id"},
+        )
+    return int(header.strip())
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
@@ -258,10 +320,10 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
         return None
     first, last = match.group(1), match.group(2)
     if first:
-        start = int(first)
-        end = min(int(last), size - 1) if last else size - 1
+        start = _position(first)
+        end = min(_position(last), size - 1) if last else size - 1
     else:
-        length = int(last)
+        length = _position(last)
         start, end = max(0, size - length), size - 1
     if start >= size or start > end:
         raise _RangeNotSatisfiable(size)

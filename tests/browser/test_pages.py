@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -359,3 +360,22 @@ def test_the_bodies_of_cond_expand_in_the_graph(page: Any, server: Server) -> No
     assert page.get_attribute(button, "data-expanded") == "true"
     page.click("#node-details [data-subgraph=true_graph_0]")
     assert page.evaluate(count) == before
+
+
+def test_the_environment_page_shows_what_the_worker_recorded(page: Any, server: Server) -> None:
+    # The worker describes its environment once started (the import checks take seconds).
+    deadline = time.monotonic() + 240
+    while not (workers := server.api("v1/environment")["workers"]):
+        assert time.monotonic() < deadline, "no worker recorded its environment"
+        time.sleep(1)
+    [worker] = workers
+    assert worker["queue"] == "cpu"
+    torch = next(lib for lib in worker["environment"]["libraries"] if lib["name"] == "torch")
+    assert torch["imports"] is True and torch["version"] == worker["environment"]["torch"]
+    page.goto("/")
+    page.click("#environment-link")
+    page.wait_for_url(re.compile(r"#/environment$"))
+    row = page.locator("table.libraries[data-queue=cpu] tr[data-library=torch]")
+    row.wait_for()
+    assert row.get_attribute("data-imports") == "true"
+    assert row.locator("td[data-field=version]").text_content() == torch["version"]

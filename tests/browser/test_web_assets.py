@@ -61,7 +61,7 @@ def test_the_index_carries_the_upload_limits() -> None:
 
 def test_the_pages_are_served_beside_the_api(tmp_path: Path) -> None:
     settings = ServiceSettings(data_dir=tmp_path, max_model_bytes=4321)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as client:
         index = client.get("/")
         assert index.status_code == 200
         assert index.headers["content-type"].startswith("text/html")

@@ -38,9 +38,10 @@ EXPECTED_SERVICES = {
     "migrate",
     "api",
     "worker-cpu",
+    "worker-webhooks",
     "worker-gpu",
 }
-TORCHPORT_SERVICES = ("migrate", "api", "worker-cpu", "worker-gpu")
+TORCHPORT_SERVICES = ("migrate", "api", "worker-cpu", "worker-webhooks", "worker-gpu")
 
 
 def _compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -96,6 +97,14 @@ def test_cpu_worker_sees_no_gpu_and_consumes_the_cpu_queue(config: dict[str, Any
     assert cpu["environment"]["CUDA_VISIBLE_DEVICES"] == ""
     assert cpu["command"][:4] == ["torchport", "worker", "--queues", "cpu"]
     assert "deploy" not in cpu
+
+
+def test_webhooks_have_their_own_worker(config: dict[str, Any]) -> None:
+    hooks = config["services"]["worker-webhooks"]
+    assert hooks["command"] == ["torchport", "worker", "--queues", "webhooks"]
+    assert "TORCHPORT_WEBHOOK_ALLOW_HOSTS" in hooks["environment"]
+    for name in ("worker-cpu", "worker-gpu"):
+        assert "webhooks" not in config["services"][name]["command"]
 
 
 def test_migrations_run_before_the_api_and_workers(config: dict[str, Any]) -> None:
@@ -239,12 +248,12 @@ def test_worker_healthcheck_counts_only_this_hosts_nodes() -> None:
 def test_commands_exist_in_the_code_they_name(config: dict[str, Any]) -> None:
     from torchport.cli import build_parser
 
-    for name in ("worker-cpu", "worker-gpu"):
+    for name in ("worker-cpu", "worker-webhooks", "worker-gpu"):
         command = config["services"][name]["command"]
         assert command[0] == "torchport"
         args = build_parser(command[1:]).parse_args(command[1:])
         assert args.command == "worker"
-        assert args.queues in {"cpu", "gpu"}
+        assert args.queues in {"cpu", "gpu", "webhooks"}
         assert args.concurrency >= 1
         assert config["services"][name]["healthcheck"]["test"][-1] == "worker"
     app_module = importlib.import_module("service.app")

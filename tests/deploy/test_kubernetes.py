@@ -210,6 +210,21 @@ def test_worker_pods_run_under_gvisor(
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_gvisor_worker_pods_run_one_job_at_a_time(
+    rendered: dict[str, list[dict[str, Any]]], target: str
+) -> None:
+    # gVisor has no Landlock and the pod's jobs share its non-root uid: two jobs in one
+    # pod could read each other's staging directories (docs/sandbox.md).
+    for worker in _workers(rendered[target]).values():
+        pod = worker["spec"]["template"]["spec"]
+        assert pod["runtimeClassName"] == "gvisor"
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        (container,) = pod["containers"]
+        command = container["command"]
+        assert command[command.index("--concurrency") + 1] == "1"
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_gpu_worker_requests_one_gpu_on_gpu_nodes_with_concurrency_one(
     rendered: dict[str, list[dict[str, Any]]], target: str
 ) -> None:
@@ -338,6 +353,30 @@ def test_workers_reach_only_redis_postgres_the_store_and_dns(
         assert ports <= allowed_ports, name
         assert {6379, 5432, 53} <= ports, name
         assert ports & {9000, 443}, name
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_webhooks_worker_reaches_public_addresses_only(
+    rendered: dict[str, list[dict[str, Any]]], target: str
+) -> None:
+    docs = rendered[target]
+    hooks = _by_kind(docs, "Deployment")["torchport-webhooks"]
+    assert _queue(hooks) == "webhooks"
+    labels = hooks["spec"]["template"]["metadata"]["labels"]
+    assert labels["torchport.io/role"] == "webhooks"  # not a worker: it runs no upload
+    internal = {"10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"}
+    for policy in _policies_for(docs, labels):
+        assert policy["spec"].get("ingress", []) == []
+        for rule in policy["spec"].get("egress", []):
+            assert rule.get("to")
+            for peer in rule["to"]:
+                block = peer.get("ipBlock", {})
+                if block.get("cidr") == "0.0.0.0/0":
+                    assert internal <= set(block["except"])
+                if block.get("cidr") == "::/0":
+                    assert {"::1/128", "fc00::/7", "fe80::/10"} <= set(block["except"])
+    for worker in _workers(docs).values():
+        assert _queue(worker) != "webhooks"
 
 
 @pytest.mark.parametrize("target", TARGETS)

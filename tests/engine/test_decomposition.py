@@ -14,6 +14,7 @@ from engine.decomposition import (
     Decomposed,
     decompose,
     is_core_aten,
+    keep_until_verified,
     non_core_aten_ops,
     resolve_op,
     shrink,
@@ -199,7 +200,10 @@ def test_failing_custom_op_is_kept_alone_and_warned_about() -> None:
 
     assert report.kept_after_failure == ["tp_decomp.grow_shrink.default"]
     assert [w.code for w in result.warnings] == ["decomposition_ops_kept"]
-    assert result.warnings[0].details == {"ops": ["tp_decomp.grow_shrink.default"]}
+    assert result.warnings[0].details == {
+        "ops": ["tp_decomp.grow_shrink.default"],
+        "reason": "decomposition_failed",
+    }
     # the other decomposable ops were still decomposed
     assert "aten.linear.default" not in report.ops_after
     assert "aten.layer_norm.default" not in report.ops_after
@@ -239,6 +243,85 @@ def test_failure_no_kept_op_can_fix_is_decomposition_failed() -> None:
     assert error.location.file == "decomp_resize_inline.py"
     assert error.location.line == _line_of("decomp_resize_inline", "copy_(x.flatten())")
     assert error.to_body().code == "decomposition_failed"
+
+
+# --- decomposed programs that fail verification ---------------------------------------------
+
+
+class Mixed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.norm(torch.nn.functional.silu(self.linear(x))))
+
+
+def _targets(ep: torch.export.ExportedProgram) -> set[str]:
+    return {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+
+
+def test_ops_kept_until_the_program_verifies_are_a_minimal_set() -> None:
+    ep = torch.export.export(Mixed(), (torch.randn(2, 8),))
+    opts = DecompositionOptions()
+    decomposed = decompose(ep, opts)
+    needed = {"aten.silu.default", "aten.layer_norm.default"}
+    trials: list[set[str]] = []
+
+    def passes(trial: torch.export.ExportedProgram) -> bool:
+        # stands in for verification: only programs that kept both ops "verify"
+        trials.append(_targets(trial))
+        return needed <= _targets(trial)
+
+    kept = keep_until_verified(ep, opts, decomposed, passes, failure="outputs differ")
+    assert kept is not None
+    assert kept.report.kept_after_failure == sorted(needed)
+    assert needed <= _targets(kept.ep)
+    # the ops not needed were still decomposed
+    assert "aten.linear.default" not in kept.report.ops_after
+    assert [w.code for w in kept.warnings] == ["decomposition_ops_kept"]
+    assert kept.warnings[0].details == {
+        "ops": sorted(needed),
+        "reason": "verification_failed",
+        "failure": "outputs differ",
+    }
+    assert 1 < len(trials) <= 8  # all candidates first, then delta debugging
+
+
+def test_no_set_of_kept_ops_that_verifies_is_none() -> None:
+    ep = torch.export.export(Mixed(), (torch.randn(2, 8),))
+    opts = DecompositionOptions()
+    decomposed = decompose(ep, opts)
+    assert keep_until_verified(ep, opts, decomposed, lambda _: False, failure="x") is None
+
+
+def test_the_op_a_raising_decomposed_program_fails_at_is_tried_first() -> None:
+    pytest.importorskip("diffusers")
+    from tests.engine.model_files import import_model_file
+
+    vae = import_model_file("hf_vae")
+    ep = torch.export.export(vae.model, vae.example_args, strict=False)
+    opts = DecompositionOptions()
+    decomposed = decompose(ep, opts)
+    with pytest.raises(RuntimeError, match="is_contiguous"), torch.no_grad():
+        decomposed.ep.module()(*vae.example_args)
+    trials = []
+
+    def passes(trial: torch.export.ExportedProgram) -> bool:
+        trials.append(trial)
+        with torch.no_grad():
+            trial.module()(*vae.example_args)  # raises for a set that does not help
+        return True
+
+    kept = keep_until_verified(
+        ep, opts, decomposed, passes, failure="raised", example=(vae.example_args, {})
+    )
+    assert kept is not None
+    assert kept.report.kept_after_failure == ["aten.group_norm.default"]
+    assert len(trials) == 1  # found from the failing node, no search
+    assert kept.report.ops_after["aten.group_norm.default"] > 0
+    assert "aten.conv2d.default" not in kept.report.ops_after
 
 
 def test_shrink_finds_a_one_minimal_set() -> None:

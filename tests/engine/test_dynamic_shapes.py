@@ -380,3 +380,80 @@ def test_fix_to_json_forms() -> None:
         "name": None,
         "spec": None,
     }
+
+
+# --- widening examples of size 1 ------------------------------------------------------------
+
+
+class _Pair(torch.nn.Module):
+    def forward(self, x, y, z):
+        return x, y, z
+
+
+def test_size_one_dims_are_widened_with_derived_dims_and_values_kept() -> None:
+    from engine.dynamic_shapes import widen_size_one_dims
+
+    batch = Dim("batch", min=1, max=8)
+    x, y, z = torch.randn(1, 3), torch.randn(2, 3), torch.randn(1, 1)
+    spec = {"x": {0: batch}, "y": {0: batch + 1}, "z": {0: Dim.DYNAMIC, 1: Dim.AUTO}}
+    widened = widen_size_one_dims(_Pair(), (x, y, z), {}, spec)
+    assert widened is not None
+    wx, wy, wz = widened.args
+    assert wx.shape == (2, 3) and torch.equal(wx[0], x[0]) and torch.equal(wx[1], x[0])
+    assert wy.shape == (3, 3) and torch.equal(wy[:2], y) and torch.equal(wy[2], y[0])
+    assert wz is z  # hints are left alone
+    assert widened.dims == [
+        {"name": "batch", "positions": ["x.0", "y.0"], "example_size": 1, "traced_size": 2}
+    ]
+    spec["z"] = None  # torch refuses DYNAMIC at size 1
+    ep = torch.export.export(_Pair(), widened.args, dynamic_shapes=spec)
+    assert sorted(str(r) for r in ep.range_constraints.values()) == ["VR[1, 8]", "VR[2, 9]"]
+
+
+def test_nothing_is_widened_at_other_sizes_or_where_the_range_stops_at_one() -> None:
+    from engine.dynamic_shapes import widen_size_one_dims
+
+    module, args = _Pair(), (torch.randn(2, 3), torch.randn(3, 3), torch.randn(1, 1))
+    assert widen_size_one_dims(module, args, {}, {"x": {0: Dim("b", min=1, max=8)}}) is None
+    args = (torch.randn(1, 3), *args[1:])
+    assert widen_size_one_dims(module, args, {}, {"x": {0: Dim("b", min=0, max=1)}}) is None
+    assert widen_size_one_dims(module, args, {}, None) is None
+
+
+# --- suggested specs --------------------------------------------------------------------------
+
+
+def _summary(path: str, name: str | None, shape: list[int] | None, dtype: str = "float32"):
+    from schemas import InputSummary
+
+    return InputSummary(path=path, name=name, type="Tensor", shape=shape, dtype=dtype)
+
+
+def test_suggested_spec_shares_batch_and_seq_where_sizes_are_equal() -> None:
+    from engine.dynamic_shapes import suggest_spec
+
+    text = [
+        _summary("kwargs['input_ids']", "input_ids", [1, 8], "int64"),
+        _summary("kwargs['attention_mask']", "attention_mask", [1, 8], "int64"),
+        _summary("kwargs['labels']", "labels", [1, 5], "int64"),
+    ]
+    assert suggest_spec(text) == {
+        "input_ids": {"0": {"name": "batch", "min": 1}, "1": {"name": "seq", "min": 2}},
+        "attention_mask": {"0": "batch", "1": "seq"},
+        "labels": {"0": "batch", "1": {"name": "seq_2", "min": 2}},
+    }
+
+
+def test_no_batch_is_suggested_when_sizes_differ_or_only_vectors_are_given() -> None:
+    from engine.dynamic_shapes import suggest_spec
+
+    differ = [_summary("args[0]", "x", [4, 3]), _summary("args[1]", "y", [5, 3])]
+    assert suggest_spec(differ) is None
+    assert suggest_spec([_summary("args[0]", "v", [4])]) is None
+    # a float matrix has no seq; an int matrix of width 1 neither; nested leaves are skipped
+    inputs = [
+        _summary("args[0]", "x", [2, 7]),
+        _summary("args[1]", "ids", [2, 1], "int64"),
+        _summary("args[2][0]", "pair", [3, 3]),
+    ]
+    assert suggest_spec(inputs) == {"x": {"0": {"name": "batch", "min": 1}}, "ids": {"0": "batch"}}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import roundtrip
-from engine.portability import make_portable, non_portable_types, to_plain
+from engine.portability import from_plain, make_portable, non_portable_types, to_plain
 from engine.verification import verify
 from schemas import VerifyOptions
 from tests.engine.model_files import import_model_file as fixture
@@ -232,3 +232,49 @@ def test_a_plain_model_is_left_alone() -> None:
     assert made.module is model
     assert made.mapping.wrapped is False
     assert made.warnings == []
+
+
+class _Layer:
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+        self.is_initialized = True
+
+
+class _Cache:  # no pytree node, like transformers' DynamicCache
+    def __init__(self, layers: list[_Layer]) -> None:
+        self.layers = layers
+        self.offloading = False
+
+
+class _Appends(torch.nn.Module):
+    def forward(self, x: torch.Tensor, cache: _Cache) -> tuple[torch.Tensor, _Cache]:
+        for layer in cache.layers:
+            layer.keys = torch.cat([layer.keys, x], dim=0)
+        return x * 2, cache
+
+
+def test_objects_holding_tensors_become_dicts_and_are_rebuilt_as_inputs(tmp_path: Path) -> None:
+    cache = _Cache([_Layer(torch.randn(2, 3)), _Layer(torch.randn(2, 3))])
+    x = torch.randn(1, 3)
+    assert non_portable_types(cache) == [_Cache, _Layer]
+    plain = to_plain(cache)
+    assert set(plain) == {"layers"} and set(plain["layers"][1]) == {"keys"}
+    rebuilt = from_plain(cache, plain)
+    assert isinstance(rebuilt, _Cache) and rebuilt is not cache
+    assert rebuilt.layers[1].keys is cache.layers[1].keys and rebuilt.layers[1].is_initialized
+
+    outputs = _Appends()(x, _Cache([_Layer(t.keys.clone()) for t in cache.layers]))
+    made = make_portable(_Appends(), (x, cache), {}, outputs, keep_types=False)
+    assert made.mapping.wrapped
+    assert made.mapping.leaf_paths["output[1]['layers'][0]['keys']"] == "output[1].layers[0].keys"
+    assert made.mapping.leaf_paths["args[1]['layers'][1]['keys']"] == "args[1].layers[1].keys"
+    assert made.warnings[0].details["objects"] == [
+        f"{__name__}._Cache",
+        f"{__name__}._Layer",
+    ]
+    ep = torch.export.export(made.module, made.args, made.kwargs)
+    doubled, grown = ep.module()(*made.args)
+    assert torch.equal(doubled, x * 2)
+    assert torch.equal(grown["layers"][0]["keys"], torch.cat([cache.layers[0].keys, x]))
+    assert cache.layers[0].keys.shape == (2, 3)  # the example itself is never updated
+    torch.export.save(ep, tmp_path / "p.pt2")

@@ -223,3 +223,16 @@ def test_leaf_comparison_flags_shape_dtype_and_nan_differences() -> None:
     assert compare_leaf("n", 3, 3, opts).passed is True
     assert compare_leaf("n", 3, 4, opts).passed is False
     assert compare_leaf("x", torch.ones(2), 1.0, opts).passed is False
+
+
+def test_a_program_that_raises_says_so_instead_of_comparing_outputs() -> None:
+    model = torch.nn.Linear(4, 3)
+    ep = torch.export.export(model, (torch.randn(2, 4),))  # static batch of 2
+    # batch 3: eager runs, the program refuses it with its own shape check
+    report = verify(ep, copy.deepcopy(model), (torch.randn(3, 4),), {}, VerifyOptions())
+    assert report.passed is False
+    (sample,) = report.samples
+    assert sample.status == "failed" and sample.outputs == []
+    assert sample.reason is not None
+    assert sample.reason.startswith("the exported program raised: ")
+    assert "Error" in sample.reason.split(": ")[1]

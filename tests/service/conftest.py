@@ -25,6 +25,9 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "models"
+LOOPBACK_CLIENT = ("127.0.0.1", 50000)
+"""The client address of test requests: keyless apps answer loopback clients only
+(TestClient's default, `testclient`, is no address)."""
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +90,7 @@ def state(settings: ServiceSettings) -> Iterator[AppState]:
 
 @pytest.fixture
 def client(state: AppState) -> Iterator[TestClient]:
-    with TestClient(create_app(state=state)) as test_client:
+    with TestClient(create_app(state=state), client=LOOPBACK_CLIENT) as test_client:
         yield test_client
 
 

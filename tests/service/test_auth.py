@@ -86,7 +86,7 @@ def test_rate_limit_answers_429_with_retry_after(
 ) -> None:
     state = build_state(make_settings(tmp_path, pg_url, redis_prefix, rate_limit_per_minute=3))
     key = new_key(state, "busy")
-    with TestClient(create_app(state=state)) as client:
+    with TestClient(create_app(state=state), client=("127.0.0.1", 50000)) as client:
         codes = [client.get("/v1/exports", headers=bearer(key)).status_code for _ in range(4)]
         assert codes == [200, 200, 200, 429]
         limited = client.get("/v1/exports", headers=bearer(key))
@@ -101,7 +101,7 @@ def test_rate_limit_answers_429_with_retry_after(
 def test_concurrent_job_limit_per_key(tmp_path: Path, pg_url: str, redis_prefix: str) -> None:
     state = build_state(make_settings(tmp_path, pg_url, redis_prefix, max_concurrent_jobs=1))
     alice, bob = new_key(state, "alice"), new_key(state, "bob")
-    with TestClient(create_app(state=state)) as client:
+    with TestClient(create_app(state=state), client=("127.0.0.1", 50000)) as client:
         first = client.post(
             "/v1/exports", files={"model": ("a.py", b"model = 1\n")}, headers=bearer(alice)
         )

@@ -149,7 +149,7 @@ def test_a_file_over_its_limit_is_refused_by_field(
     from tests.service.conftest import make_settings
 
     state = build_state(make_settings(tmp_path, pg_url, redis_prefix, max_inputs_bytes=1024))
-    with TestClient(create_app(state=state)) as client:
+    with TestClient(create_app(state=state), client=("127.0.0.1", 50000)) as client:
         answer = client.post(
             "/v1/exports",
             files={"model": model_file(), "inputs": ("x.json", b"[" + b"0," * 4096 + b"0]")},

@@ -1,6 +1,6 @@
 """`torchport export`: run the engine on this machine and write the artifacts.
 
-Exit codes (CONTRACT.md §6): 0 succeeded, 1 export failed (report.json holds the
+Exit codes (docs/contract.md §8): 0 succeeded, 1 export failed (report.json holds the
 error), 2 usage error.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from rich.markup import escape
 
 from engine.artifacts import ARTIFACT_NAMES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
-from torchport.commands.upload_options import add_upload_arguments
+from torchport.commands.upload_options import add_upload_arguments, requires_of
 from torchport.summary import render_summary
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -29,6 +30,14 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `torchport export`."""
     add_upload_arguments(parser)
+    parser.add_argument(
+        "more_models",
+        nargs="*",
+        type=Path,
+        metavar="MORE_MODELS",
+        help="more model files, exported one after another by the same sandbox (each into "
+        "OUT/<file name without .py>); --inputs and --weights need a single model",
+    )
     parser.add_argument("--out", type=Path, default=Path("torchport-out"), help="output dir")
     parser.add_argument("--json", action="store_true", help="print report.json to stdout")
     parser.add_argument(
@@ -41,9 +50,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the request, run the export, print a summary; return the exit code."""
     err = Console(stderr=True)
+    models = [args.model, *args.more_models]
     try:
         options = _options(args)
-        for path in (args.model, args.inputs, args.weights):
+        if len(models) > 1 and (args.inputs or args.weights):
+            raise _UsageError(
+                ErrorBody(
+                    code="invalid_request",
+                    message="--inputs and --weights belong to one model; several were given.",
+                    hint="Export models with their own inputs or weights one at a time.",
+                    details={"models": [str(m) for m in models]},
+                )
+            )
+        if len({m.stem for m in models}) < len(models):
+            raise _UsageError(
+                ErrorBody(
+                    code="invalid_request",
+                    message="Two model files have the same name; their outputs would collide.",
+                    details={"models": [str(m) for m in models]},
+                )
+            )
+        for path in (*models, args.inputs, args.weights):
             if path is not None and not path.is_file():
                 raise _UsageError(
                     ErrorBody(
@@ -56,13 +83,20 @@ def run(args: argparse.Namespace) -> int:
         _print_error(exc.body, args.json, err)
         return EXIT_USAGE
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = _run_export(args, options, err)
-    if args.json:
-        print(report.model_dump_json(indent=2))
-    else:
-        render_summary(report, Console(), out_dir=args.out)
-    return EXIT_OK if report.status == "succeeded" else EXIT_FAILED
+    failed = 0
+    with _Exporter(args, options, err) as exporter:
+        for model in models:
+            out = args.out if len(models) == 1 else args.out / model.stem
+            out.mkdir(parents=True, exist_ok=True)
+            if len(models) > 1 and not args.json:
+                Console().rule(f"[bold]{escape(str(model))}")
+            report = exporter.export(model, out)
+            if args.json:
+                print(report.model_dump_json(indent=2))
+            else:
+                render_summary(report, Console(), out_dir=out)
+            failed += report.status != "succeeded"
+    return EXIT_OK if not failed else EXIT_FAILED
 
 
 class _UsageError(Exception):
@@ -98,6 +132,7 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         raw["dynamic_shapes"] = _json_argument(args.dynamic_shapes, "--dynamic-shapes")
     if args.strict:
         raw["strict"] = True
+    requires_of(args, raw)
     try:
         return ExportOptions.model_validate(raw)
     except ValidationError as exc:
@@ -106,7 +141,7 @@ def _options(args: argparse.Namespace) -> ExportOptions:
             ErrorBody(
                 code="invalid_request",
                 message=f"Invalid option {_dotted(first['loc'])}: {first['msg']}",
-                hint="See the options table in the contract (CONTRACT.md §2).",
+                hint="See the options table in the contract (docs/contract.md §2).",
                 details={
                     "errors": [
                         {"field": _dotted(e["loc"]), "type": e["type"]} for e in exc.errors()
@@ -120,57 +155,84 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def _run_export(args: argparse.Namespace, options: ExportOptions, err: Console) -> ReportDocument:
-    with err.status("loading", spinner="dots") as status:
+class _Exporter:
+    """Runs each model of one `torchport export` call: in this process (`--no-sandbox`) or
+    in one sandbox started for all of them (its zygote starts once; the models after the
+    first start warm)."""
 
-        def on_progress(event: Progress) -> None:
-            status.update(f"[bold]{event.stage}[/] {event.message}")
+    def __init__(self, args: argparse.Namespace, options: ExportOptions, err: Console) -> None:
+        self.args, self.options, self.err = args, options, err
+        self.runner: Any = None
+        self.refused: str | None = None
 
-        if args.no_sandbox:
-            err.print(
+    def __enter__(self) -> _Exporter:
+        if self.args.no_sandbox:
+            self.err.print(
                 "[bold red]WARNING: --no-sandbox runs the uploaded code unconfined in this "
                 "process.[/]"
             )
-            return _run_in_process(args, options, on_progress)
-        return _run_sandboxed(args, options, on_progress)
+            return self
+        from worker.sandbox import SandboxRunner, SandboxUnavailable, local_settings
 
+        runner = SandboxRunner(local_settings(self.options.model_dump(mode="json"), os.environ))
+        with self.err.status("starting the sandbox", spinner="dots"):
+            try:
+                self.runner = runner.start()
+            except SandboxUnavailable as exc:
+                runner.close()
+                self.refused = str(exc)
+        return self
 
-def _run_in_process(args: argparse.Namespace, options: ExportOptions, on_progress: Any) -> Any:
-    from engine.model import Upload
-    from engine.pipeline import ExportRequest, run_export
+    def __exit__(self, *_: object) -> None:
+        if self.runner is not None:
+            self.runner.close()
 
-    with tempfile.TemporaryDirectory(prefix="torchport-") as work:
-        request = ExportRequest(
-            upload=Upload(model=args.model, inputs=args.inputs, weights=args.weights),
-            options=options,
-            out_dir=args.out,
-            work_dir=Path(work),
-        )
-        return run_export(request, progress=on_progress).report
+    def export(self, model: Path, out: Path) -> ReportDocument:
+        with self.err.status("loading", spinner="dots") as status:
 
+            def on_progress(event: Progress) -> None:
+                status.update(f"[bold]{event.stage}[/] {event.message}")
 
-def _run_sandboxed(args: argparse.Namespace, options: ExportOptions, on_progress: Any) -> Any:
-    from worker.sandbox import SandboxJob, SandboxUnavailable, run_export_sandboxed
+            if self.args.no_sandbox:
+                return self._in_process(model, out, on_progress)
+            return self._sandboxed(model, out, on_progress)
 
-    for name in ARTIFACT_NAMES:  # never leave a previous run's program next to this report
-        (args.out / name).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="torchport-job-") as tmp:
-        job = SandboxJob(
-            model=args.model.resolve(),
-            inputs=args.inputs.resolve() if args.inputs else None,
-            weights=args.weights.resolve() if args.weights else None,
-            options=options.model_dump(mode="json"),
-            job_dir=Path(tmp),
-        )
-        try:
-            result = run_export_sandboxed(job, on_progress=on_progress)
-        except SandboxUnavailable as exc:
-            report = _refused(options, str(exc))
-            (args.out / "report.json").write_text(report.model_dump_json(indent=2))
+    def _in_process(self, model: Path, out: Path, on_progress: Any) -> Any:
+        from engine.model import Upload
+        from engine.pipeline import ExportRequest, run_export
+
+        args = self.args
+        with tempfile.TemporaryDirectory(prefix="torchport-") as work:
+            request = ExportRequest(
+                upload=Upload(model=model, inputs=args.inputs, weights=args.weights),
+                options=self.options,
+                out_dir=out,
+                work_dir=Path(work),
+            )
+            return run_export(request, progress=on_progress).report
+
+    def _sandboxed(self, model: Path, out: Path, on_progress: Any) -> Any:
+        from worker.sandbox import SandboxJob
+
+        for name in ARTIFACT_NAMES:  # never leave a previous run's program next to this report
+            (out / name).unlink(missing_ok=True)
+        if self.refused is not None:
+            report = _refused(self.options, self.refused)
+            (out / "report.json").write_text(report.model_dump_json(indent=2))
             return report
-        for name, path in result.artifacts.items():
-            shutil.copyfile(path, args.out / name)
-        return result.report
+        args = self.args
+        with tempfile.TemporaryDirectory(prefix="torchport-job-") as tmp:
+            job = SandboxJob(
+                model=model.resolve(),
+                inputs=args.inputs.resolve() if args.inputs else None,
+                weights=args.weights.resolve() if args.weights else None,
+                options=self.options.model_dump(mode="json"),
+                job_dir=Path(tmp),
+            )
+            result = self.runner.run(job, on_progress=on_progress)
+            for name, path in result.artifacts.items():
+                shutil.copyfile(path, out / name)
+            return result.report
 
 
 def _refused(options: ExportOptions, why: str) -> ReportDocument:

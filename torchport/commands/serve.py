@@ -67,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for job_id, queue in recovery.requeued:
         enqueue_export(state.celery, job_id, queue)
-    group = WorkerGroup(args.workers, env={"TORCHPORT_DATA_DIR": str(settings.data_dir)})
+    data_env = {"TORCHPORT_DATA_DIR": str(settings.data_dir)}
+    group = WorkerGroup(args.workers, env={**data_env, "TORCHPORT_QUEUES": "cpu"})
     group.start()
+    # Completion callbacks have their own queue and process: never behind an export.
+    webhooks = WorkerGroup(1, env={**data_env, "TORCHPORT_QUEUES": "webhooks"})
+    webhooks.start()
     app = create_app(state=state)
     url = f"http://{args.host}:{args.port}"
     auth = "API keys required" if keys else "no API keys: loopback only"
@@ -81,5 +85,6 @@ def run(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:
         group.stop()
+        webhooks.stop()
     print("torchport stopped", flush=True)
     return 0

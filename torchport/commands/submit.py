@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import STAGES
-from torchport.commands.upload_options import add_upload_arguments
+from torchport.commands.upload_options import add_upload_arguments, requires_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["dynamic_shapes"] = _load_json(args.dynamic_shapes)
     if args.strict:
         options["strict"] = True
+    requires_of(args, options)
     return options
 
 

@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model, its inputs and weights files, and the export options (CONTRACT.md §6)."""
+    """The model, its inputs and weights files, and the export options (docs/contract.md §8)."""
     parser.add_argument("model", type=Path, help="the model source: a .py file or a .zip")
     parser.add_argument("--inputs", type=Path, help="example inputs: .safetensors, .pt or .json")
     parser.add_argument("--weights", type=Path, help="state dict: .safetensors or .pt")
     parser.add_argument("--options", help="export options: JSON text or a .json file")
     parser.add_argument("--dynamic-shapes", help="dynamic shapes: JSON text or a .json file")
     parser.add_argument("--strict", action="store_true", help="trace with strict=True")
+    parser.add_argument(
+        "--requires",
+        action="append",
+        metavar="SPEC",
+        help="a pip-style requirement the worker must meet, e.g. 'transformers>=4.40' "
+        "(repeatable; added to the options' requires)",
+    )
+
+
+def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    """Add the `--requires` of the command line to the options' `requires`."""
+    if args.requires:
+        existing = options.get("requires", [])
+        # Anything but a list is left as it is, for the options' validation to refuse.
+        if isinstance(existing, list):
+            options["requires"] = [*existing, *args.requires]

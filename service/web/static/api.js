@@ -60,6 +60,10 @@ export function getJob(id) {
   return getJson(`v1/exports/${encodeURIComponent(id)}`);
 }
 
+export function getEnvironment() {
+  return getJson("v1/environment");
+}
+
 export function listJobs({ status, cursor, limit = 20 } = {}) {
   const query = new URLSearchParams({ limit: String(limit) });
   if (status) query.set("status", status);

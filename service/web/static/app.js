@@ -1,9 +1,11 @@
-// The single-page app: a hash router over the upload form, job pages, jobs list and help.
+// The single-page app: a hash router over the upload form, job pages, jobs list, the
+// workers' environment and help.
 import { h, fill, card } from "./dom.js";
 import { apiKey, setApiKey } from "./api.js";
 import { renderUpload } from "./upload.js";
 import { renderJob } from "./job.js";
 import { renderJobs } from "./jobs.js";
+import { renderEnvironment } from "./environment.js";
 
 const app = document.getElementById("app");
 const banner = document.getElementById("banner");
@@ -21,11 +23,13 @@ function route() {
   const [path, query] = (location.hash.slice(1) || "/").split("?");
   const params = new URLSearchParams(query || "");
   const job = /^\/jobs\/([^/]+)$/.exec(path);
+  const section = path.startsWith("/jobs") ? "jobs" : path === "/environment" ? "environment" : "upload";
   for (const link of document.querySelectorAll("[data-nav]")) {
-    link.classList.toggle("active", (link.dataset.nav === "jobs") === path.startsWith("/jobs"));
+    link.classList.toggle("active", link.dataset.nav === section);
   }
   if (job) leave = renderJob(app, decodeURIComponent(job[1]), navigate);
   else if (path === "/jobs") renderJobs(app, params);
+  else if (path === "/environment") renderEnvironment(app);
   else if (path === "/help/dynamic-shapes") renderHelp(app);
   else renderUpload(app, navigate);
   window.scrollTo(0, 0);

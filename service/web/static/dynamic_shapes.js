@@ -1,4 +1,4 @@
-// The dynamic-shapes JSON grammar (CONTRACT.md §2) checked in the browser, and an editor
+// The dynamic-shapes JSON grammar (docs/contract.md §3) checked in the browser, and an editor
 // that builds a spec from the example inputs' names and shapes.
 import { h, formatShape } from "./dom.js";
 

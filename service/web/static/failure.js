@@ -13,6 +13,7 @@ const CONTEXT_LINES = 6;
 const EXPLAIN = {
   invalid_request: "The options or files of the request were not accepted.",
   upload_too_large: "A file is larger than this server accepts.",
+  environment_mismatch: "The workers do not have the libraries (or versions) your `requires` option names, so your code was not run.",
   model_import_failed: "Importing your file raised an error, before export started.",
   model_not_found: "The file has no `model` (or `get_model`, or the symbol you named) that can be exported.",
   invalid_inputs: "The example-inputs file could not be read.",
@@ -27,6 +28,7 @@ const EXPLAIN = {
   serialization_failed: "Saving the program, or loading it back, failed.",
   timeout: "The export took longer than its time limit.",
   out_of_memory: "The export used more memory than its limit.",
+  disk_quota_exceeded: "Your code wrote more to disk (files, their number, or one file's size) than a job may hold.",
   sandbox_violation: "Your code tried something the sandbox does not allow (network, running programs, …).",
   canceled: "The export was canceled.",
   internal_error: "Something went wrong inside torchport; this is our bug, not yours.",
@@ -46,6 +48,8 @@ export function renderFailure(root, job, report, navigate) {
       EXPLAIN[error.code] ? h("p", { class: "explain" }, rich(EXPLAIN[error.code])) : null,
       h("p", { class: "error-message", id: "error-message" }, rich(error.message)),
       error.hint ? h("div", { class: "hint-box", id: "error-hint" }, h("strong", {}, "How to fix it: "), rich(error.hint)) : null,
+      error.code === "environment_mismatch" || error.details?.missing_module
+        ? h("p", {}, h("a", { href: "#/environment", id: "environment-link" }, "What the workers have installed")) : null,
       h("div", { class: "actions" }, againButton(job, navigate))),
     error.location ? sourceCard(job, error.location) : null,
     fixesCard(job, error, report, navigate),
@@ -118,7 +122,8 @@ export function editableInputs(inputs) {
 function shapesEditorCard(job, error, report, navigate) {
   const inputs = editableInputs(report?.inputs);
   if (!inputs.length || !error.stage || error.stage === "loading") return null;
-  const requested = report?.tracing?.dynamic_shapes?.requested ?? job.options.dynamic_shapes ?? null;
+  const requested = report?.tracing?.dynamic_shapes?.requested ?? job.options.dynamic_shapes
+    ?? report?.tracing?.dynamic_shapes?.suggested ?? null;
   let spec = requested && typeof requested === "object" && !Array.isArray(requested) ? requested : null;
   const preview = h("pre", { id: "reexport-spec" }, JSON.stringify(spec));
   const editor = dimensionEditor(inputs, (value) => {

@@ -24,7 +24,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
     signature ? signatureCard(signature) : null,
     report?.verification ? verificationCard(report.verification) : null,
     report?.decomposition ? decompositionCard(report.decomposition) : null,
-    signature ? reexportCard(job, signature, navigate) : null,
+    signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested) : null,
     report?.warnings?.length ? warningsCard(report.warnings) : null,
   ];
   fill(root, ...sections.filter(Boolean));
@@ -156,18 +156,23 @@ function decompositionCard(d) {
     table(["op", "before", "after", ""], rows, { class: "decomposition" }));
 }
 
-function reexportCard(job, signature, navigate) {
+function reexportCard(job, signature, navigate, suggested = null) {
   const inputs = signature.inputs.filter((i) => i.kind === "user_input" && i.shape).map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype }));
   if (!inputs.length) return null;
-  const preview = h("pre", { id: "reexport-spec" }, signature.dynamic_shapes ? JSON.stringify(signature.dynamic_shapes) : "null");
-  let spec = signature.dynamic_shapes || null;
+  // An export without dynamic shapes: the engine's suggestion (report.tracing.dynamic_shapes.suggested) pre-fills the editor.
+  const initial = signature.dynamic_shapes || suggested || null;
+  const preview = h("pre", { id: "reexport-spec" }, initial ? JSON.stringify(initial) : "null");
+  let spec = initial;
   const editor = dimensionEditor(inputs, (value) => {
     spec = value;
     preview.textContent = JSON.stringify(value);
-  }, signature.dynamic_shapes);
+  }, initial);
   const again = h("button", { type: "button", class: "secondary", id: "reexport" }, "Export again with these dynamic shapes");
   again.addEventListener("click", () => startAgain(job, navigate, { options: { dynamic_shapes: spec }, inputs_meta: inputs }));
-  return card("Dynamic shapes", h("p", { class: "muted" }, "The example inputs as this export saw them. Tick the sizes that may change; inputs that must have equal sizes share a name."), editor, preview, h("div", { class: "actions" }, again));
+  const note = !signature.dynamic_shapes && suggested
+    ? h("p", { class: "muted", id: "suggested-note" }, "Pre-filled with the dimensions the engine suggests (batch, sequence length); not tried yet — export again to check them.")
+    : null;
+  return card("Dynamic shapes", h("p", { class: "muted" }, "The example inputs as this export saw them. Tick the sizes that may change; inputs that must have equal sizes share a name."), note, editor, preview, h("div", { class: "actions" }, again));
 }
 
 function warningsCard(warnings) {

@@ -46,6 +46,8 @@ export function renderUpload(root, navigate) {
   const entry = h("input", { type: "text", name: "entry", placeholder: "pkg/net.py", value: options.entry || "" });
   const entryRow = h("label", { class: "field", hidden: true }, "Entry file inside the zip", entry);
   const symbol = h("input", { type: "text", name: "symbol", value: options.symbol || "model" });
+  const requires = h("textarea", { name: "requires", rows: 2, spellcheck: "false", placeholder: "transformers>=4.40" });
+  requires.value = (options.requires || []).join("\n");
 
   const strict = select("strict", [["false", "non-strict (default: runs your Python, traces tensor ops)"], ["true", "strict (TorchDynamo; stricter about Python features)"], ["auto", "auto (strict, then non-strict)"]], String(options.strict ?? "false"));
   const mode = select("decomposition", [["core_aten", "core ATen (default)"], ["none", "none: keep the ops as traced"], ["custom", "custom: decompose only the listed ops"]], options.decomposition?.mode || "core_aten");
@@ -120,7 +122,9 @@ export function renderUpload(root, navigate) {
         h("label", { class: "field" }, "Decomposition", mode)),
       preserveRow, decomposeRow,
       h("label", { class: "check" }, verify, " verify the exported program against eager PyTorch"),
-      verifyFields),
+      verifyFields,
+      h("label", { class: "field" }, h("span", {}, "Libraries the model needs, one pip specifier a line (optional; ",
+        h("a", { href: "#/environment", id: "environment-link" }, "what the workers have"), ")"), requires)),
     card("Dynamic shapes",
       h("p", { class: "muted" }, "Which input sizes may change at run time. Give a dimension a name with a range where it is declared, and use the same name where another input has the same size. ",
         h("a", { href: "#/help/dynamic-shapes" }, "Grammar")),
@@ -184,6 +188,9 @@ export function renderUpload(root, navigate) {
     const shapes = checkDynamicShapes(shapesText.value).value;
     if (shapes !== null) body.dynamic_shapes = shapes;
     if (!autoFix.checked) body.auto_fix_dynamic_shapes = false;
+    // One per line: a specifier may hold commas (numpy>=1.26,<3).
+    const required = requires.value.split("\n").map((s) => s.trim()).filter(Boolean);
+    if (required.length) body.requires = required;
     return body;
   }
 

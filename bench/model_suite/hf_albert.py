@@ -1,0 +1,19 @@
+"""ALBERT encoder (transformers AlbertModel), tiny random config."""
+
+import torch
+from transformers import AlbertConfig, AlbertModel
+
+REQUIRES = ["transformers"]
+
+torch.manual_seed(0)
+config = AlbertConfig(
+    vocab_size=100,
+    embedding_size=16,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+model = AlbertModel(config).eval()
+example_args = (torch.randint(0, 100, (2, 16)),)

@@ -1,0 +1,10 @@
+"""timm ConvNeXt (timm's tiny `test_convnext` architecture), random weights."""
+
+import timm
+import torch
+
+REQUIRES = ["timm", "torchvision"]
+
+torch.manual_seed(0)
+model = timm.create_model("test_convnext", pretrained=False, num_classes=10).eval()
+example_args = (torch.randn(2, 3, 64, 64),)

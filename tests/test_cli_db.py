@@ -1,0 +1,143 @@
+"""`torchport db upgrade` against real databases: a fresh SQLite file and PostgreSQL.
+
+The command runs as a deployment runs it: the `torchport` CLI in a fresh process, the
+database named only by `TORCHPORT_DATABASE_URL` (or the data directory's default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, text
+
+from service.database import MIGRATIONS_DIR
+from service.models import Base
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+"""The newest migration shipped (read from the scripts, not from the command)."""
+TABLES = {"api_keys", "artifacts", "jobs", "stage_events", "worker_environments"}
+
+
+def db_upgrade(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHPORT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "torchport.cli", "db", "upgrade", *extra],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def tables_and_revision(url: str) -> tuple[set[str], str | None]:
+    engine = create_engine(url)
+    try:
+        names = set(inspect(engine).get_table_names())
+        with engine.connect() as connection:
+            revision = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    finally:
+        engine.dispose()
+    return names, revision
+
+
+def test_the_models_tables_are_the_ones_checked() -> None:
+    # Keeps TABLES honest: a new table in the models must be created by the migrations too.
+    assert set(Base.metadata.tables) == TABLES
+    assert HEAD is not None and HEAD >= "0002"
+
+
+def test_db_upgrade_creates_the_tables_in_the_default_sqlite_file(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    database = data_dir / "torchport.db"
+    assert not database.exists()
+
+    first = db_upgrade({"TORCHPORT_DATA_DIR": str(data_dir)})
+
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == (
+        f"sqlite:///{database}: migrated from empty to revision {HEAD} (head)"
+    )
+    names, revision = tables_and_revision(f"sqlite:///{database}")
+    assert names == TABLES | {"alembic_version"}
+    assert revision == HEAD
+
+    again = db_upgrade({"TORCHPORT_DATA_DIR": str(data_dir)}, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {
+        "database": f"sqlite:///{database}",
+        "from": HEAD,
+        "revision": HEAD,
+        "head": HEAD,
+    }
+
+
+def test_db_upgrade_follows_the_database_url_over_the_data_dir(tmp_path: Path) -> None:
+    data_dir, elsewhere = tmp_path / "data", tmp_path / "elsewhere.db"
+    result = db_upgrade(
+        {"TORCHPORT_DATA_DIR": str(data_dir), "TORCHPORT_DATABASE_URL": f"sqlite:///{elsewhere}"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert tables_and_revision(f"sqlite:///{elsewhere}") == (TABLES | {"alembic_version"}, HEAD)
+    assert not (data_dir / "torchport.db").exists()
+
+
+def test_db_upgrade_of_an_unreachable_database_exits_1(tmp_path: Path) -> None:
+    result = db_upgrade(
+        {
+            "TORCHPORT_DATA_DIR": str(tmp_path),
+            "TORCHPORT_DATABASE_URL": "postgresql://torchport:s3cret@127.0.0.1:1/none",
+        }
+    )
+    assert result.returncode == 1
+    assert "postgresql://torchport:***@127.0.0.1:1/none" in result.stderr
+    assert "OperationalError" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """An empty PostgreSQL database of its own, dropped afterwards."""
+    name = f"torchport_dbcli_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_db_upgrade_migrates_postgresql(tmp_path: Path, pg_database: str) -> None:
+    # The driver spelled as the deployments spell it (Compose, the Kubernetes Secret).
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{pg_database}"
+    assert table_names(url) == set()
+
+    result = db_upgrade({"TORCHPORT_DATA_DIR": str(tmp_path), "TORCHPORT_DATABASE_URL": url})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{url}: migrated from empty to revision {HEAD} (head)"
+    assert tables_and_revision(url) == (TABLES | {"alembic_version"}, HEAD)
+    assert not (tmp_path / "torchport.db").exists()
+    again = db_upgrade({"TORCHPORT_DATA_DIR": str(tmp_path), "TORCHPORT_DATABASE_URL": url})
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == f"{url}: already at revision {HEAD} (head)"
+
+
+def table_names(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
