@@ -49,6 +49,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY engine ./engine
+COPY persistence ./persistence
 COPY service ./service
 COPY worker ./worker
 COPY torchport ./torchport
@@ -58,7 +59,7 @@ COPY torchport ./torchport
 # here may replace the torch and torchvision installed above.
 RUN pip install '.[models]' \
  && pip install --no-deps "timm==${TIMM_VERSION}" \
- && python -c "import engine, service, worker, torchport" \
+ && python -c "import engine, persistence, service, worker, torchport" \
  && python -c "import torch, torchvision, timm, transformers, diffusers; assert torch.__version__.startswith('${TORCH_VERSION}')"
 
 # -------------------------------------------------------------- runtime stage

@@ -37,10 +37,10 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from persistence.database import make_engine, make_session_factory, migrate, transaction  # noqa: E402
+from persistence.lifecycle import claim, record_stage  # noqa: E402
+from persistence.notices import make_publisher, publish_after_commit  # noqa: E402
 from service.auth import create_key  # noqa: E402
-from service.database import make_engine, make_session_factory, migrate, transaction  # noqa: E402
-from service.lifecycle import claim, record_stage  # noqa: E402
-from service.notices import make_publisher, publish_after_commit  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS = "redis://127.0.0.1:6379/0"

@@ -113,7 +113,7 @@ class Cluster:
         return env
 
     def __enter__(self) -> Cluster:
-        from service.database import migrate
+        from persistence.database import migrate
 
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.name}"')

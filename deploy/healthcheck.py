@@ -6,7 +6,7 @@
 The API check uses the standard library only (~30 ms, imports nothing of the service);
 its URL is `TORCHPORT_HEALTHCHECK_URL` (default `http://127.0.0.1:8000/healthz`). The worker
 check broadcasts a ping through the broker with the torch-free sender app
-(`service.queue.make_celery`) and looks for a reply from a node named `…@<this hostname>`
+(`persistence.queue.make_celery`) and looks for a reply from a node named `…@<this hostname>`
 (`torchport worker` names its processes `torchport-<pid>@<hostname>`).
 """
 
@@ -37,7 +37,7 @@ def local_nodes(replies: list[dict[str, object]], hostname: str) -> list[str]:
 
 def check_worker(timeout_s: float = 10.0) -> bool:
     """Whether at least one Celery worker process of this host answers a ping."""
-    from service.queue import make_celery
+    from persistence.queue import make_celery
     from service.settings import CommonSettings
 
     app = make_celery(CommonSettings())

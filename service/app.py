@@ -18,19 +18,19 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from persistence.database import make_engine, make_session_factory, migrate
+from persistence.lifecycle import recover_lost_jobs
+from persistence.notices import make_publisher, publish_after_commit
+from persistence.queue import enqueue_export, make_celery
+from persistence.store import open_store
 from service import web
 from service.auth import Authenticator, is_loopback, make_rate_limiter
-from service.database import make_engine, make_session_factory, migrate
 from service.deps import AppState
 from service.errors import Forbidden, install_error_handlers
 from service.jobs import engine_fingerprint
-from service.lifecycle import recover_lost_jobs
 from service.metrics import Metrics
-from service.notices import make_publisher, publish_after_commit
-from service.queue import enqueue_export, make_celery
 from service.routes import environment, exports, health
 from service.settings import ServiceSettings
-from service.store import open_store
 from service.streams import EventHub, StreamLimiter
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from persistence.store import ArtifactStore, LocalStore
 from service.errors import InvalidRequest, NotFound, UploadTooLarge
-from service.store import ArtifactStore, LocalStore
 
 _UNREADABLE = (
     zipfile.BadZipFile,

@@ -15,8 +15,8 @@ from typing import Protocol
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence.models import ApiKey, utcnow
 from service.errors import NotFound, RateLimited, Unauthorized
-from service.models import ApiKey, utcnow
 
 logger = logging.getLogger(__name__)
 

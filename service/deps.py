@@ -11,10 +11,10 @@ from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence.store import ArtifactStore
 from service.auth import Authenticator, Caller, Limiter
 from service.metrics import Metrics
 from service.settings import ServiceSettings
-from service.store import ArtifactStore
 from service.streams import EventHub, StreamLimiter
 
 

@@ -21,14 +21,15 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, selectinload
 
-from schemas import ArtifactRef, ErrorBody, ExportOptions, JobPublic, StageEvent, WebhookDelivery
+from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
+from persistence.queue import queue_for
+from persistence.records import next_seq
+from persistence.store import ArtifactStore
+from schemas import ErrorBody, ExportOptions
 from schemas.job import TERMINAL_STATUSES
 from service import archives
 from service.auth import Caller
 from service.errors import Conflict, InvalidRequest, NotFound, RateLimited
-from service.models import ApiKey, Artifact, Job, StageEventRow, utcnow
-from service.queue import queue_for
-from service.store import ArtifactStore
 from service.uploads import UploadedForm
 
 MODEL_SUFFIXES = (".py", ".zip")
@@ -38,14 +39,8 @@ ZIP_MAX_MEMBERS = archives.MAX_ENTRIES
 ZIP_MAX_EXPANSION = 64
 """A zip may unpack to at most this many times the model limit (zip bombs)."""
 
-MEDIA_TYPES = {".json": "application/json", ".pt2": "application/zip"}
 UPLOAD_FIELDS = ("model", "inputs", "weights")
 UPLOAD_MEDIA_TYPES = {".py": "text/x-python", ".zip": "application/zip"}
-
-
-def media_type_for(name: str) -> str:
-    """Content type of an artifact by its name."""
-    return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
 
 
 def upload_media_type(name: str) -> str:
@@ -328,60 +323,6 @@ def get_job(session: Session, job_id: str, caller: Caller) -> Job:
     return job
 
 
-def load_job(session: Session, job_id: str) -> Job | None:
-    """Any job by id with its events and artifacts (workers; no owner check)."""
-    return session.scalar(
-        select(Job)
-        .where(Job.id == job_id)
-        .options(selectinload(Job.events), selectinload(Job.artifacts))
-    )
-
-
-def to_public(job: Job) -> JobPublic:
-    """The API view of a job whose events and artifacts are loaded."""
-    webhook = None
-    if job.webhook_status is not None:
-        webhook = WebhookDelivery(
-            status=job.webhook_status,
-            attempts=job.webhook_attempts,
-            last_status_code=job.webhook_last_status_code,
-            last_error=job.webhook_last_error,
-            delivered_at=job.webhook_delivered_at,
-        )
-    return JobPublic(
-        id=job.id,
-        status=job.status,
-        stage=job.stage,
-        stages=[event_to_public(e) for e in job.events],
-        options=ExportOptions.model_validate_json(job.options_json),
-        error=ErrorBody.model_validate_json(job.error_json) if job.error_json else None,
-        artifacts=[
-            ArtifactRef(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type)
-            for a in job.artifacts
-        ],
-        cache_hit=job.cache_hit,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        attempts=job.attempts,
-        webhook=webhook,
-        model_name=job.model_name,
-        inputs_name=job.inputs_name,
-        weights_name=job.weights_name,
-    )
-
-
-def event_to_public(row: StageEventRow) -> StageEvent:
-    """A stored stage event as the API shows it."""
-    return StageEvent(
-        stage=row.stage,
-        status=row.status,
-        at=row.at,
-        fraction=row.fraction,
-        message=row.message,
-    )
-
-
 def _encode_cursor(job: Job) -> str:
     raw = f"{job.created_at.isoformat()}|{job.id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -421,14 +362,6 @@ def list_jobs(
     jobs = list(session.scalars(query))
     next_cursor = _encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
-
-
-def next_seq(session: Session, job_id: str) -> int:
-    """The sequence number the next stage event of a job gets."""
-    current = session.scalar(
-        select(func.max(StageEventRow.seq)).where(StageEventRow.job_id == job_id)
-    )
-    return 0 if current is None else current + 1
 
 
 def cancel(session: Session, job_id: str, caller: Caller) -> Job:

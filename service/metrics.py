@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.models import Job
+from persistence.models import Job
 
 
 class JobCountCollector(Collector):

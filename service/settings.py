@@ -7,98 +7,10 @@ fail at start-up, not at the first request.
 from __future__ import annotations
 
 from functools import cached_property
-from pathlib import Path
-from typing import Self
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
-DEFAULT_DATA_DIR = Path.home() / ".torchport"
-MAX_JOB_TIMEOUT_S = 24 * 3600
-"""The largest `timeout_s` an export may ask for (schemas.ExportOptions)."""
-
-
-class CommonSettings(BaseSettings):
-    """What the API and the workers share: where the database, broker and store are."""
-
-    model_config = SettingsConfigDict(env_prefix="TORCHPORT_", extra="ignore")
-
-    data_dir: Path = Field(
-        default=DEFAULT_DATA_DIR,
-        description="Root of the embedded defaults (SQLite file, artifacts, broker folder).",
-    )
-    database_url: str | None = Field(
-        default=None, description="SQLAlchemy URL; default `sqlite:///<data_dir>/torchport.db`."
-    )
-    broker_url: str | None = Field(
-        default=None,
-        description="Celery broker (`redis://…`); default kombu's filesystem transport "
-        "under `<data_dir>/broker`, which needs no server.",
-    )
-    store_url: str | None = Field(
-        default=None,
-        description="Artifact store: a directory path or `file://…`, or `s3://bucket/prefix`; "
-        "default `<data_dir>/artifacts`.",
-    )
-    broker_key_prefix: str | None = Field(
-        default=None,
-        description="Prefix of every Redis key the broker uses (several deployments, one Redis).",
-    )
-    s3_endpoint_url: str | None = Field(
-        default=None, description="Endpoint of an S3-compatible store (MinIO, R2, …)."
-    )
-    broker_polling_interval_s: float = Field(
-        default=0.05,
-        gt=0,
-        description="How often the filesystem broker looks for new tasks.",
-    )
-    visibility_timeout_s: int = Field(
-        default=MAX_JOB_TIMEOUT_S + 3600,
-        description="Redis redelivers an unacknowledged task after this long; must exceed "
-        "the longest job.",
-    )
-    heartbeat_interval_s: float = Field(
-        default=1.0, gt=0, description="How often a running job's worker reports it is alive."
-    )
-    heartbeat_timeout_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="A running job whose worker was silent this long is re-queued once, "
-        "then failed.",
-    )
-
-    @model_validator(mode="after")
-    def _check_timeouts(self) -> Self:
-        if self.visibility_timeout_s <= MAX_JOB_TIMEOUT_S:
-            raise ValueError(
-                "TORCHPORT_VISIBILITY_TIMEOUT_S must exceed the longest job time limit "
-                f"({MAX_JOB_TIMEOUT_S} s), or Redis redelivers running jobs"
-            )
-        if self.heartbeat_timeout_s <= 3 * self.heartbeat_interval_s:
-            raise ValueError(
-                "TORCHPORT_HEARTBEAT_TIMEOUT_S must be over 3x TORCHPORT_HEARTBEAT_INTERVAL_S"
-            )
-        return self
-
-    @property
-    def resolved_database_url(self) -> str:
-        """The database URL, defaulting to SQLite in the data directory."""
-        return self.database_url or f"sqlite:///{self.data_dir / 'torchport.db'}"
-
-    @property
-    def resolved_broker_url(self) -> str:
-        """The broker URL; `filesystem://` means the embedded folder broker."""
-        return self.broker_url or "filesystem://"
-
-    @property
-    def broker_dir(self) -> Path:
-        """Folder of the embedded filesystem broker."""
-        return self.data_dir / "broker"
-
-    @property
-    def resolved_store_url(self) -> str:
-        """The artifact store location, defaulting to a directory in the data dir."""
-        return self.store_url or str(self.data_dir / "artifacts")
+from persistence.settings import MAX_JOB_TIMEOUT_S, CommonSettings
 
 
 class ServiceSettings(CommonSettings):

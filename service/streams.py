@@ -1,6 +1,6 @@
 """What event streams need beyond the database: a wake-up per job, and a limit per key.
 
-`EventHub`: one Redis subscription per API process to the job notices (service.notices);
+`EventHub`: one Redis subscription per API process to the job notices (persistence.notices);
 each open stream waits on an `asyncio.Event` of its job and reloads from the database only
 when woken, or every `events_safety_reload_s` in case a notice was lost. Without Redis (the
 embedded broker), or while Redis does not answer, streams poll every
@@ -23,8 +23,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from persistence.notices import channel, is_redis
 from service.errors import RateLimited
-from service.notices import channel, is_redis
 
 logger = logging.getLogger(__name__)
 

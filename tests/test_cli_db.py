@@ -19,8 +19,8 @@ import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
-from service.database import MIGRATIONS_DIR
-from service.models import Base
+from persistence.database import MIGRATIONS_DIR
+from persistence.models import Base
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -1,4 +1,9 @@
-"""Dependencies point one way: service → schemas; worker → schemas, engine; engine → torch."""
+"""Dependencies point one way, arrows only downward:
+
+torchport (CLI) → service (HTTP) → persistence → schemas
+torchport (CLI) → worker → persistence, engine, schemas
+engine → schemas (and torch); schemas → nothing of ours
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"engine", "schemas", "service", "worker", "torchport"}
+OURS = {"engine", "schemas", "persistence", "service", "worker", "torchport"}
 
 
 def _modules_after_import(module: str) -> set[str]:
@@ -39,7 +44,7 @@ def test_engine_imports_no_web_queue_or_database_code(module: str) -> None:
 
 def test_roundtrip_loader_imports_only_torch_and_stdlib() -> None:
     loaded = _modules_after_import("engine.roundtrip")
-    assert not loaded & {"pydantic", "schemas", "service", "worker", "rich"}
+    assert not loaded & {"pydantic", "schemas", "persistence", "service", "worker", "rich"}
 
 
 def _service_modules() -> list[str]:
@@ -93,3 +98,63 @@ def test_schemas_import_nothing_of_ours() -> None:
 def test_the_worker_side_never_imports_torch(module: str) -> None:
     # The worker process holds secrets and never imports torch; uploads run in the zygote.
     assert "torch" not in _modules_after_import(module)
+
+
+def _imports(package: str) -> list[tuple[str, str]]:
+    """(file, imported module) for every absolute import in a package's sources."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found += [(path.relative_to(ROOT).as_posix(), a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.append((path.relative_to(ROOT).as_posix(), node.module))
+    return found
+
+
+FORBIDDEN = {
+    # package: top-level modules it must never import (of ours, and the web stack)
+    "engine": {"persistence", "service", "worker", "torchport", "fastapi", "starlette"},
+    "persistence": {"service", "worker", "torchport", "engine", "fastapi", "starlette"},
+    "worker": {"service", "torchport", "fastapi", "starlette", "uvicorn", "httpx_sse"},
+    "service": {"worker", "torchport", "engine", "torch"},
+}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_arrows_point_only_downward(package: str) -> None:
+    offenders = [
+        f"{file}: {module}"
+        for file, module in _imports(package)
+        if module.split(".")[0] in FORBIDDEN[package]
+    ]
+    assert offenders == []
+
+
+def test_nothing_below_the_cli_imports_the_cli() -> None:
+    offenders = [
+        f"{file}: {module}"
+        for package in ("schemas", "engine", "persistence", "service", "worker")
+        for file, module in _imports(package)
+        if module.split(".")[0] == "torchport"
+    ]
+    assert offenders == []
+
+
+def test_the_worker_never_loads_the_web_stack() -> None:
+    loaded = _modules_after_import("worker.tasks")
+    assert not loaded & {"service", "fastapi", "starlette", "uvicorn"}
+
+
+def test_persistence_loads_no_web_code_and_no_torch() -> None:
+    code = (
+        "import importlib, pkgutil, sys, persistence\n"
+        "for m in pkgutil.iter_modules(persistence.__path__):\n"
+        "    importlib.import_module('persistence.' + m.name)\n"
+        "print(sorted({n.split('.')[0] for n in sys.modules} & "
+        "{'torch', 'engine', 'service', 'worker', 'fastapi', 'starlette'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

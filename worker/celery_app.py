@@ -1,6 +1,6 @@
 """The worker's Celery app (`celery -A worker.celery_app worker`, or `torchport worker`).
 
-Configured by `WorkerSettings` with the same policy as the sender (`service.queue`);
+Configured by `WorkerSettings` with the same policy as the sender (`persistence.queue`);
 each worker process keeps one `WorkerContext`: database, store, and one warm sandbox
 runner for its lifetime.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
-from service.queue import EXPORT_QUEUES, make_celery
+from persistence.queue import EXPORT_QUEUES, make_celery
 from worker.execution import WorkerContext
 from worker.settings import WorkerSettings
 

@@ -12,7 +12,7 @@ import logging
 import threading
 
 from engine.libraries import describe_environment
-from service.environments import record_environment
+from persistence.environments import record_environment
 from worker.execution import WorkerContext
 
 logger = logging.getLogger(__name__)

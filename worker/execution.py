@@ -22,13 +22,13 @@ from typing import Any, Protocol
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence.database import make_engine, make_session_factory, transaction
+from persistence.lifecycle import ClaimedJob, StoredArtifact, claim, finish, heartbeat, record_stage
+from persistence.models import Job
+from persistence.notices import make_publisher, publish_after_commit
+from persistence.records import media_type_for
+from persistence.store import ArtifactStore, open_store
 from schemas import ErrorBody, ReportDocument
-from service.database import make_engine, make_session_factory, transaction
-from service.jobs import media_type_for
-from service.lifecycle import ClaimedJob, StoredArtifact, claim, finish, heartbeat, record_stage
-from service.models import Job
-from service.notices import make_publisher, publish_after_commit
-from service.store import ArtifactStore, open_store
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from service.settings import CommonSettings
+from persistence.settings import CommonSettings
 
 
 class WorkerSettings(CommonSettings):

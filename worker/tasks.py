@@ -13,11 +13,11 @@ import logging
 from celery import Task
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from persistence.lifecycle import fail_job
+from persistence.models import Job
+from persistence.queue import EXPORT_TASK, WEBHOOK_TASK, Queue, enqueue_webhook
+from persistence.store import StoreError
 from schemas import ErrorBody
-from service.lifecycle import fail_job
-from service.models import Job
-from service.queue import EXPORT_TASK, WEBHOOK_TASK, Queue, enqueue_webhook
-from service.store import StoreError
 from worker.celery_app import app, context, settings
 from worker.execution import execute, release
 from worker.webhooks import DeliveryFailed, deliver

@@ -39,9 +39,9 @@ from urllib.parse import urlsplit
 import httpcore
 from sqlalchemy import update
 
-from service.database import transaction
-from service.jobs import load_job, to_public
-from service.models import ApiKey, Job, utcnow
+from persistence.database import transaction
+from persistence.models import ApiKey, Job, utcnow
+from persistence.records import load_job, to_public
 from worker.execution import WorkerContext
 
 logger = logging.getLogger(__name__)

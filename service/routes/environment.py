@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from persistence.environments import latest_environments
 from schemas import EnvironmentList
 from service.deps import CallerDep, SessionDep
-from service.environments import latest_environments
 from service.errors import RateLimited, Unauthorized, error_responses
 
 router = APIRouter(prefix="/v1/environment", tags=["environment"])

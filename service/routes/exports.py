@@ -20,6 +20,9 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
+from persistence import records
+from persistence.lifecycle import mark_unsent
+from persistence.queue import enqueue_export, queue_for
 from schemas import JobPublic, JobStatus
 from schemas.job import TERMINAL_STATUSES
 from service import archives, jobs
@@ -33,8 +36,6 @@ from service.errors import (
     UploadTooLarge,
     error_responses,
 )
-from service.lifecycle import mark_unsent
-from service.queue import enqueue_export, queue_for
 from service.streams import STREAM_TTL_S
 from service.uploads import receive_form, safe_filename
 
@@ -113,7 +114,7 @@ def _submit_in_db(state: AppState, form: Any, options: Any, caller: Any) -> tupl
             fingerprint=state.fingerprint,
         )
         job = jobs.get_job(session, submission.job.id, caller)
-        public = jobs.to_public(job)
+        public = records.to_public(job)
     return public, submission.enqueue
 
 
@@ -176,7 +177,7 @@ def list_exports(
 ) -> JobList:
     """The caller's jobs, newest first, one page at a time."""
     page, next_cursor = jobs.list_jobs(session, caller, status=status, limit=limit, cursor=cursor)
-    return JobList(items=[jobs.to_public(job) for job in page], next_cursor=next_cursor)
+    return JobList(items=[records.to_public(job) for job in page], next_cursor=next_cursor)
 
 
 @router.get(
@@ -190,7 +191,7 @@ async def get_export(job_id: str, state: StateDep, caller: CallerDep) -> Respons
 
     def read() -> str:
         with state.sessions() as session:
-            return jobs.to_public(jobs.get_job(session, job_id, caller)).model_dump_json()
+            return records.to_public(jobs.get_job(session, job_id, caller)).model_dump_json()
 
     # The hot path: one thread hop for the database, serialized once by pydantic-core
     # and not validated again by FastAPI.
@@ -210,7 +211,7 @@ def cancel_export(job_id: str, session: SessionDep, caller: CallerDep) -> JSONRe
     """Cancel a queued job (200, canceled) or a running one (202, its sandbox is killed)."""
     with session.begin():
         job = jobs.cancel(session, job_id, caller)
-        public = jobs.to_public(job)
+        public = records.to_public(job)
     return _job_response(public, 200 if public.status == "canceled" else 202)
 
 
@@ -242,8 +243,8 @@ async def follow_export(
     def load(seq: int) -> tuple[list[Any], JobPublic | None, str]:
         with state.sessions() as session:
             job = jobs.get_job(session, job_id, caller)
-            events = [(e.seq, jobs.event_to_public(e)) for e in job.events if e.seq > seq]
-            final = jobs.to_public(job) if job.status in TERMINAL_STATUSES else None
+            events = [(e.seq, records.event_to_public(e)) for e in job.events if e.seq > seq]
+            final = records.to_public(job) if job.status in TERMINAL_STATUSES else None
             return events, final, job.status
 
     seq = _last_event_id(last_event_id)

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from service.database import ping
+from persistence.database import ping
+from persistence.queue import ping_broker
 from service.deps import AppState, StateDep
-from service.queue import ping_broker
 
 router = APIRouter(tags=["health"])
 

@@ -224,7 +224,15 @@ def test_dockerignore_keeps_the_build_context_small() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     assert next(line for line in lines if not line.startswith("#")) == "*"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert {"schemas", "engine", "service", "worker", "torchport", "pyproject.toml"} <= allowed
+    assert {
+        "schemas",
+        "engine",
+        "persistence",
+        "service",
+        "worker",
+        "torchport",
+        "pyproject.toml",
+    } <= (allowed)
     assert not allowed & {".venv", "tests", ".git"}
 
 
@@ -258,5 +266,5 @@ def test_commands_exist_in_the_code_they_name(config: dict[str, Any]) -> None:
         assert config["services"][name]["healthcheck"]["test"][-1] == "worker"
     app_module = importlib.import_module("service.app")
     assert callable(app_module.create_app)
-    database = importlib.import_module("service.database")
+    database = importlib.import_module("persistence.database")
     assert callable(database.migrate)

@@ -16,8 +16,8 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from persistence.database import migrate
 from service.app import build_state, create_app
-from service.database import migrate
 from service.deps import AppState
 from service.settings import ServiceSettings
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from persistence.database import transaction
 from service import auth
 from service.app import build_state, create_app
-from service.database import transaction
 from service.deps import AppState
 from tests.service.conftest import make_settings, model_file
 

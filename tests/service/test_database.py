@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
 
-from service.database import ALEMBIC_INI, MIGRATIONS_DIR, make_engine, migrate
+from persistence.database import ALEMBIC_INI, MIGRATIONS_DIR, make_engine, migrate
 
 
 def _check(url: str) -> None:

@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, func, select
 
+from persistence.environments import record_environment
+from persistence.models import Job, WorkerEnvironmentRow
 from schemas import EnvironmentDescription, EnvironmentList, LibraryInfo
 from service.deps import AppState
-from service.environments import record_environment
-from service.models import Job, WorkerEnvironmentRow
 from tests.service.conftest import model_file
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)

@@ -19,13 +19,13 @@ import pytest
 import uvicorn
 from sqlalchemy import event
 
+from persistence.database import make_engine, make_session_factory, transaction
+from persistence.lifecycle import claim, finish, record_stage
+from persistence.notices import make_publisher, publish_after_commit
 from schemas.errors import ErrorBody
 from service.app import build_state, create_app
 from service.auth import create_key
-from service.database import make_engine, make_session_factory, transaction
 from service.deps import AppState
-from service.lifecycle import claim, finish, record_stage
-from service.notices import make_publisher, publish_after_commit
 from tests.service.conftest import REDIS_URL, _truncate, make_settings, model_file
 
 SLOW = 30.0

@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from persistence.lifecycle import StoredArtifact, claim, finish, record_stage
+from persistence.models import Job, StageEventRow
 from schemas import JobPublic
 from service.deps import AppState
-from service.lifecycle import StoredArtifact, claim, finish, record_stage
-from service.models import Job, StageEventRow
 from tests.service.conftest import model_file
 
 
@@ -208,7 +208,7 @@ def test_cancel_a_queued_job_then_again(client: TestClient, state: AppState) -> 
 
 
 def test_cancel_a_running_job_asks_its_worker(client: TestClient, state: AppState) -> None:
-    from service.lifecycle import heartbeat
+    from persistence.lifecycle import heartbeat
 
     job_id = submit(client).json()["id"]
     assert claim(state.sessions, job_id, "w1") is not None

@@ -9,7 +9,7 @@ import pytest
 from kombu import Connection
 from kombu.transport import filesystem
 
-from service import folder_broker
+from persistence import folder_broker
 
 
 def _channel(transport: Any, folder: Path) -> Any:
@@ -63,7 +63,7 @@ def test_kombus_own_transport_loses_that_message(
 def test_the_service_uses_it_for_the_embedded_broker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.queue import make_celery
+    from persistence.queue import make_celery
     from service.settings import CommonSettings
 
     monkeypatch.setenv("TORCHPORT_DATA_DIR", str(tmp_path))

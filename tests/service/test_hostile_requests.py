@@ -23,12 +23,12 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from persistence.store import LocalStore
 from schemas.errors import ErrorBody
 from service.app import create_app
 from service.archives import count_entries, read_member
 from service.deps import AppState
 from service.errors import InvalidRequest
-from service.store import LocalStore
 from tests.service.test_exports import complete, submit
 
 HUGE = "9" * 5000

@@ -2,7 +2,7 @@
 
 Found by an attack run: a job emitting 3,000 stage events of 15 KB made a 45 MB job
 record served whole on every GET, and a 7 MB exception message was stored and served
-whole. The worker writes both through `service.lifecycle` (`record_stage`, `finish`), as
+whole. The worker writes both through `persistence.lifecycle` (`record_stage`, `finish`), as
 here.
 """
 
@@ -12,9 +12,7 @@ import re
 
 from fastapi.testclient import TestClient
 
-from schemas import ErrorBody, SourceLocation
-from service.deps import AppState
-from service.lifecycle import (
+from persistence.lifecycle import (
     EVENT_LIMIT_MESSAGE,
     MAX_ERROR_TEXT_BYTES,
     MAX_EVENT_MESSAGE_BYTES,
@@ -24,6 +22,8 @@ from service.lifecycle import (
     finish,
     record_stage,
 )
+from schemas import ErrorBody, SourceLocation
+from service.deps import AppState
 from tests.service.test_exports import submit
 
 MARKER = re.compile(r"… \[truncated (\d+) bytes\]$")

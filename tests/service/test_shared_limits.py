@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from persistence.database import transaction
 from schemas.errors import ErrorBody
 from service.app import build_state, create_app
 from service.auth import create_key
-from service.database import transaction
 from service.deps import AppState
 from tests.service.conftest import LOOPBACK_CLIENT, _truncate, make_settings, model_file
 

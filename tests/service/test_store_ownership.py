@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from persistence.store import LocalStore
 from service.deps import AppState
-from service.store import LocalStore
 from worker.execution import store_artifacts
 
 JOB_UID = 65534
@@ -75,7 +75,7 @@ def test_a_symlink_or_fifo_is_not_stored(tmp_path: Path) -> None:
     link.symlink_to(secret)
     fifo = tmp_path / "fifo.pt2"
     os.mkfifo(fifo)
-    from service.store import StoreError
+    from persistence.store import StoreError
 
     for path in (link, fifo):
         with pytest.raises(StoreError):
@@ -86,7 +86,7 @@ def test_uploads_are_stored_0644_owned_by_the_service(client: TestClient, state:
     answer = client.post("/v1/exports", files={"model": ("model.py", b"model = None\n")})
     assert answer.status_code == 202
     with state.sessions() as session:
-        from service.models import Job
+        from persistence.models import Job
 
         job = session.get(Job, answer.json()["id"])
         assert job is not None

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from service.store import BlobNotFound, StoreError, open_store
+from persistence.store import BlobNotFound, StoreError, open_store
 
 
 def _free_port() -> int:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from persistence.store import LocalStore
 from schemas import JobPublic
 from service.archives import MAX_MEMBER_BYTES, read_member
 from service.errors import InvalidRequest
-from service.store import LocalStore
 from tests.service.conftest import model_file
 
 NET = b"import torch\n\n\nclass Net(torch.nn.Module):\n    pass\n"

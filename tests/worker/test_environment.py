@@ -6,8 +6,8 @@ from importlib import metadata
 
 from sqlalchemy import delete
 
-from service.environments import latest_environments
-from service.models import WorkerEnvironmentRow
+from persistence.environments import latest_environments
+from persistence.models import WorkerEnvironmentRow
 from worker.environment import record
 from worker.execution import WorkerContext
 

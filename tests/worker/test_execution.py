@@ -16,11 +16,11 @@ from typing import Any
 
 from sqlalchemy import update
 
+from persistence.database import transaction
+from persistence.lifecycle import claim, recover_lost_jobs
+from persistence.models import Job, StageEventRow, utcnow
+from persistence.records import load_job, to_public
 from schemas import ErrorBody, ExportOptions, Progress
-from service.database import transaction
-from service.jobs import load_job, to_public
-from service.lifecycle import claim, recover_lost_jobs
-from service.models import Job, StageEventRow, utcnow
 from worker.execution import WorkerContext, execute
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.queue import Queue, enqueue_webhook, make_celery
+from persistence.queue import Queue, enqueue_webhook, make_celery
 from tests.service.conftest import REDIS_URL
 from tests.worker.test_execution import public
 from tests.worker.test_webhooks import Receiver, finished_job

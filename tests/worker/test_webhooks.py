@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from persistence.database import transaction
+from persistence.models import Job
 from schemas import ExportOptions
 from service.auth import create_key
-from service.database import transaction
-from service.models import Job
 from tests.worker.test_execution import add_job, public
 from worker.execution import WorkerContext
 from worker.webhooks import DELIVERY_FAILED, DeliveryFailed, deliver

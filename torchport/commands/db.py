@@ -37,7 +37,7 @@ def current_revision(url: str) -> str | None:
     """The Alembic revision the database at `url` is at; None for an unmigrated one."""
     from alembic.runtime.migration import MigrationContext
 
-    from service.database import make_engine
+    from persistence.database import make_engine
 
     engine = make_engine(url)
     try:
@@ -51,7 +51,7 @@ def head_revision() -> str | None:
     """The newest revision of the migrations shipped with this torchport."""
     from alembic.script import ScriptDirectory
 
-    from service.database import MIGRATIONS_DIR
+    from persistence.database import MIGRATIONS_DIR
 
     return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     """Migrate; print the database (password hidden) and its revision; return the exit code."""
     from sqlalchemy.engine import make_url
 
-    from service.database import migrate
+    from persistence.database import migrate
     from service.settings import CommonSettings
 
     settings = CommonSettings(**({"data_dir": args.data_dir} if args.data_dir else {}))

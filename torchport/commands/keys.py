@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Create, revoke or list keys; returns the exit code."""
+    from persistence.database import make_engine, make_session_factory, migrate, transaction
     from service.auth import create_key, list_keys, revoke_key
-    from service.database import make_engine, make_session_factory, migrate, transaction
     from service.errors import NotFound
     from service.settings import ServiceSettings
 

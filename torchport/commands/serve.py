@@ -39,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns the exit code."""
     import uvicorn
 
+    from persistence.lifecycle import recover_lost_jobs
+    from persistence.queue import enqueue_export
     from service.app import build_state, create_app
-    from service.lifecycle import recover_lost_jobs
-    from service.queue import enqueue_export
     from service.settings import ServiceSettings
     from worker.processes import WorkerGroup
 

@@ -20,10 +20,10 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence.database import transaction
+from persistence.models import Artifact, Job, StageEventRow, utcnow
+from persistence.records import next_seq
 from schemas import ErrorBody
-from service.database import transaction
-from service.jobs import next_seq
-from service.models import Artifact, Job, StageEventRow, utcnow
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue as KombuQueue
 
-from service.settings import CommonSettings
+from persistence.settings import CommonSettings
 
 EXPORT_TASK = "torchport.export"
 WEBHOOK_TASK = "torchport.webhook"
@@ -66,7 +66,7 @@ def make_celery(settings: CommonSettings) -> Celery:
     url, transport_options = broker_options(settings)
     app = Celery("torchport", broker=url, set_as_current=False)
     if url.startswith("filesystem://"):
-        app.conf.broker_transport = "service.folder_broker:Transport"
+        app.conf.broker_transport = "persistence.folder_broker:Transport"
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

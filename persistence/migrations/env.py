@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection `service.database.migrate` hands over."""
+"""Alembic environment: runs on the connection `persistence.database.migrate` hands over."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from service.models import Base
+from persistence.models import Base
 
 config = context.config
 target_metadata = Base.metadata

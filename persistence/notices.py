@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.models import StageEventRow
+from persistence.models import StageEventRow
 
 logger = logging.getLogger(__name__)
 

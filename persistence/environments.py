@@ -14,9 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence.database import transaction
+from persistence.models import WorkerEnvironmentRow, utcnow
 from schemas import EnvironmentDescription, EnvironmentList, WorkerEnvironment
-from service.database import transaction
-from service.models import WorkerEnvironmentRow, utcnow
 
 
 def record_environment(

@@ -1,0 +1,83 @@
+"""What the API and the workers both read of a job: its public view, its next event number,
+an artifact's media type. The API's own job operations (submit, list, cancel) are in
+`service.jobs`; the worker's writes are in `persistence.lifecycle`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from persistence.models import Job, StageEventRow
+from schemas import ArtifactRef, ErrorBody, ExportOptions, JobPublic, StageEvent, WebhookDelivery
+
+MEDIA_TYPES = {".json": "application/json", ".pt2": "application/zip"}
+"""Content types of artifacts by suffix; anything else is application/octet-stream."""
+
+
+def media_type_for(name: str) -> str:
+    """Content type of an artifact by its name."""
+    return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
+
+
+def load_job(session: Session, job_id: str) -> Job | None:
+    """Any job by id with its events and artifacts (workers; no owner check)."""
+    return session.scalar(
+        select(Job)
+        .where(Job.id == job_id)
+        .options(selectinload(Job.events), selectinload(Job.artifacts))
+    )
+
+
+def to_public(job: Job) -> JobPublic:
+    """The API view of a job whose events and artifacts are loaded."""
+    webhook = None
+    if job.webhook_status is not None:
+        webhook = WebhookDelivery(
+            status=job.webhook_status,
+            attempts=job.webhook_attempts,
+            last_status_code=job.webhook_last_status_code,
+            last_error=job.webhook_last_error,
+            delivered_at=job.webhook_delivered_at,
+        )
+    return JobPublic(
+        id=job.id,
+        status=job.status,
+        stage=job.stage,
+        stages=[event_to_public(e) for e in job.events],
+        options=ExportOptions.model_validate_json(job.options_json),
+        error=ErrorBody.model_validate_json(job.error_json) if job.error_json else None,
+        artifacts=[
+            ArtifactRef(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type)
+            for a in job.artifacts
+        ],
+        cache_hit=job.cache_hit,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempts=job.attempts,
+        webhook=webhook,
+        model_name=job.model_name,
+        inputs_name=job.inputs_name,
+        weights_name=job.weights_name,
+    )
+
+
+def event_to_public(row: StageEventRow) -> StageEvent:
+    """A stored stage event as the API shows it."""
+    return StageEvent(
+        stage=row.stage,
+        status=row.status,
+        at=row.at,
+        fraction=row.fraction,
+        message=row.message,
+    )
+
+
+def next_seq(session: Session, job_id: str) -> int:
+    """The sequence number the next stage event of a job gets."""
+    current = session.scalar(
+        select(func.max(StageEventRow.seq)).where(StageEventRow.job_id == job_id)
+    )
+    return 0 if current is None else current + 1
