@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas import ErrorBody
+from schemas.outcomes import CATALOGUE, validation_items
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,14 @@ class ServiceError(Exception):
 
     code: ClassVar[str] = "internal_error"
     status_code: ClassVar[int] = 500
+    """From the catalogue (`schemas.outcomes`): set for each subclass by its `code`."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        status = CATALOGUE[cls.code].http_status
+        if status is None:
+            raise TypeError(f"{cls.code!r} is not an API answer in the catalogue")
+        cls.status_code = status
 
     def __init__(
         self,
@@ -61,17 +70,14 @@ class ServiceError(Exception):
 
 class InvalidRequest(ServiceError):
     code = "invalid_request"
-    status_code = 400
 
 
 class UploadTooLarge(ServiceError):
     code = "upload_too_large"
-    status_code = 413
 
 
 class Unauthorized(ServiceError):
     code = "unauthorized"
-    status_code = 401
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -80,22 +86,18 @@ class Unauthorized(ServiceError):
 
 class Forbidden(ServiceError):
     code = "forbidden"
-    status_code = 403
 
 
 class NotFound(ServiceError):
     code = "not_found"
-    status_code = 404
 
 
 class Conflict(ServiceError):
     code = "conflict"
-    status_code = 409
 
 
 class RateLimited(ServiceError):
     code = "rate_limited"
-    status_code = 429
 
     def __init__(self, message: str, *, retry_after_s: float, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -105,7 +107,6 @@ class RateLimited(ServiceError):
 
 class InternalError(ServiceError):
     code = "internal_error"
-    status_code = 500
 
 
 ERROR_CLASSES: tuple[type[ServiceError], ...] = (
@@ -143,22 +144,13 @@ def error_responses(*classes: type[ServiceError]) -> dict[int | str, dict[str, A
     }
 
 
-def validation_details(errors: Any) -> list[dict[str, Any]]:
-    """Pydantic/FastAPI validation errors as JSON-safe `{field, type, message}` items."""
-    items = []
-    for err in errors:
-        loc = [str(part) for part in err.get("loc", ()) if part not in ("body",)]
-        items.append({"field": ".".join(loc), "type": err.get("type"), "message": err.get("msg")})
-    return items
-
-
 def as_service_error(exc: Exception) -> ServiceError:
     """The one place foreign exceptions become ours: FastAPI validation errors, Starlette
     HTTP errors (404 of unknown routes, 405, …) and anything unexpected (a bug)."""
     if isinstance(exc, ServiceError):
         return exc
     if isinstance(exc, RequestValidationError):
-        items = validation_details(exc.errors())
+        items = validation_items(exc.errors())
         fields = ", ".join(item["field"] for item in items if item["field"])
         return InvalidRequest(f"invalid request: {fields or 'body'}", details={"errors": items})
     if isinstance(exc, StarletteHTTPException):

@@ -25,8 +25,9 @@ from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from persistence.queue import queue_for
 from persistence.records import next_seq
 from persistence.store import ArtifactStore
-from schemas import ErrorBody, ExportOptions
+from schemas import ExportOptions
 from schemas.job import TERMINAL_STATUSES
+from schemas.outcomes import canceled, validation_items
 from service import archives
 from service.auth import Caller
 from service.errors import Conflict, InvalidRequest, NotFound, RateLimited
@@ -96,12 +97,8 @@ def parse_options(text: str | None) -> ExportOptions:
         return ExportOptions.model_validate_json(text)
     except ValidationError as exc:
         errors = [
-            {
-                "field": ".".join(["options", *(str(p) for p in err["loc"])]),
-                "type": err["type"],
-                "message": err["msg"],
-            }
-            for err in exc.errors(include_url=False)
+            {**item, "field": ".".join(filter(None, ("options", item["field"])))}
+            for item in validation_items(exc.errors(include_url=False))
         ]
         fields = ", ".join(e["field"] for e in errors)
         raise InvalidRequest(f"invalid options: {fields}", details={"errors": errors}) from exc
@@ -386,9 +383,7 @@ def cancel(session: Session, job_id: str, caller: Caller) -> Job:
     if job.status == "queued":
         job.status = "canceled"
         job.finished_at = now
-        job.error_json = ErrorBody(
-            code="canceled", message="canceled by the user"
-        ).model_dump_json()
+        job.error_json = canceled().model_dump_json()
         session.add(
             StageEventRow(job_id=job.id, seq=next_seq(session, job.id), status="canceled", at=now)
         )

@@ -29,6 +29,7 @@ from persistence.notices import make_publisher, publish_after_commit
 from persistence.records import media_type_for
 from persistence.store import ArtifactStore, open_store
 from schemas import ErrorBody, ReportDocument
+from schemas.outcomes import canceled
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -88,25 +89,9 @@ class WorkerContext:
         """The process's one sandbox runner (a warm zygote), started on first use."""
         with self._runner_lock:
             if self._runner is None:
-                from worker.sandbox import SandboxRunner, SandboxSettings
+                from worker.sandbox import SandboxRunner
 
-                sandbox_settings = SandboxSettings(
-                    enabled=self.settings.sandbox_enabled,
-                    use_bwrap=self.settings.sandbox_use_bwrap,
-                    max_memory_mb=self.settings.sandbox_max_memory_mb,
-                    max_timeout_s=self.settings.sandbox_max_timeout_s,
-                    disk_mb=self.settings.sandbox_disk_mb,
-                    max_inodes=self.settings.sandbox_max_inodes,
-                    fsize_mb=self.settings.sandbox_fsize_mb,
-                    allow_without_landlock=self.settings.sandbox_allow_without_landlock,
-                    spares=self.settings.sandbox_spares,
-                    # A worker consuming the gpu queue confines its CUDA jobs for the GPU.
-                    gpu="gpu" in self.settings.queue_list,
-                    cuda_visible_devices=self.settings.cuda_visible_devices,
-                    nvidia_visible_devices=self.settings.nvidia_visible_devices,
-                    gpu_library_dirs=list(self.settings.sandbox_gpu_library_dirs),
-                )
-                runner = SandboxRunner(sandbox_settings)
+                runner = SandboxRunner(self.settings.sandbox_settings())
                 runner.start()
                 self._runner = runner
             return self._runner
@@ -196,12 +181,17 @@ def _fetch_uploads(store: ArtifactStore, claimed: ClaimedJob, upload_dir: Path) 
 
 
 def store_artifacts(
-    store: ArtifactStore, artifacts: dict[str, Path], max_bytes: int
+    store: ArtifactStore,
+    artifacts: dict[str, Path],
+    max_bytes: int,
+    digests: dict[str, str] | None = None,
 ) -> list[StoredArtifact]:
     """Put the sandbox's outputs in the store; names and sizes are checked (untrusted).
 
     The store copies each file (a job's file has the job's uid and whatever mode the job
-    gave it; the blob is the service's, mode 0644), never links it."""
+    gave it; the blob is the service's, mode 0644), never links it. `digests`: the
+    SHA-256 the runner already computed of each accepted copy (report.artifacts), so the
+    file is not hashed a second time just to name its blob (a copy is still checked)."""
     stored = []
     for name, path in sorted(artifacts.items()):
         if not _ARTIFACT_NAME.match(name) or not path.is_file() or path.is_symlink():
@@ -209,7 +199,7 @@ def store_artifacts(
             continue
         if path.stat().st_size > max_bytes:
             raise ArtifactTooLarge(name, path.stat().st_size, max_bytes)
-        sha256, size = store.put_file(path)
+        sha256, size = store.put_file(path, (digests or {}).get(name))
         stored.append(
             StoredArtifact(name=name, sha256=sha256, size=size, media_type=media_type_for(name))
         )
@@ -294,7 +284,10 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
             path.write_text(report.model_dump_json(indent=2))
             artifacts["report.json"] = path
         try:
-            stored = store_artifacts(context.store, artifacts, context.settings.max_artifact_bytes)
+            digests = {a.name: a.sha256 for a in report.artifacts} if report else {}
+            stored = store_artifacts(
+                context.store, artifacts, context.settings.max_artifact_bytes, digests
+            )
         except ArtifactTooLarge as exc:
             error = ErrorBody(
                 code="internal_error",
@@ -304,7 +297,7 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
             stored = []
         status = _final_status(error, watcher.cancel.is_set())
         if status == "canceled":
-            error = ErrorBody(code="canceled", message="canceled by the user")
+            error = canceled()
         finished = finish(
             context.sessions,
             job_id,

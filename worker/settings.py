@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from persistence.settings import CommonSettings
+from worker.sandbox.settings import SandboxSettings
+
+_SANDBOX = {f.name: f.default for f in dataclasses.fields(SandboxSettings)}
+"""The sandbox's own defaults: each limit is written once, in `SandboxSettings`."""
 
 
 class WorkerSettings(CommonSettings):
@@ -27,7 +32,7 @@ class WorkerSettings(CommonSettings):
         default_factory=socket.gethostname, description="Shown as the job's worker."
     )
     sandbox_enabled: bool = Field(
-        default=True,
+        default=_SANDBOX["enabled"],
         description="Confine uploaded code (rlimits, Landlock, seccomp; see docs/sandbox.md). "
         "Turn off only for trusted code in development.",
     )
@@ -35,22 +40,24 @@ class WorkerSettings(CommonSettings):
         default="auto", description="Wrap jobs in bubblewrap: true, false, or auto (when it works)."
     )
     sandbox_max_memory_mb: int = Field(
-        default=16384, ge=256, description="Upper bound on a job's `memory_mb`."
+        default=_SANDBOX["max_memory_mb"], ge=256, description="Upper bound on a job's `memory_mb`."
     )
     sandbox_max_timeout_s: float = Field(
-        default=3600, gt=0, description="Upper bound on a job's `timeout_s`."
+        default=_SANDBOX["max_timeout_s"], gt=0, description="Upper bound on a job's `timeout_s`."
     )
     sandbox_disk_mb: int = Field(
-        default=16384,
+        default=_SANDBOX["disk_mb"],
         ge=64,
         description="What one job may hold on disk (uploads, scratch, outputs, deleted files "
         "it keeps open); past it the job is stopped: `disk_quota_exceeded`.",
     )
     sandbox_max_inodes: int = Field(
-        default=20000, ge=100, description="Files and directories one job may create."
+        default=_SANDBOX["max_inodes"],
+        ge=100,
+        description="Files and directories one job may create.",
     )
     sandbox_fsize_mb: int = Field(
-        default=4096, ge=16, description="The largest single file a job may write."
+        default=_SANDBOX["fsize_mb"], ge=16, description="The largest single file a job may write."
     )
     sandbox_allow_without_landlock: bool = Field(
         default=False,
@@ -58,7 +65,7 @@ class WorkerSettings(CommonSettings):
         "needed under gVisor, which is detected; elsewhere the worker refuses to start.",
     )
     sandbox_spares: bool = Field(
-        default=True,
+        default=_SANDBOX["spares"],
         description="Keep a pre-forked, self-warmed spare job child and loader child while "
         "idle, so a job at an idle worker skips the fork and the cold start (costs their "
         "private memory, ~70 MB).",
@@ -114,3 +121,19 @@ class WorkerSettings(CommonSettings):
     def queue_list(self) -> list[str]:
         """The queues to consume."""
         return [q.strip() for q in self.queues.split(",") if q.strip()]
+
+    def sandbox_settings(self) -> SandboxSettings:
+        """The sandbox's settings: every `sandbox_<name>` setting as `<name>`, and the GPU
+        confinement when this worker consumes the gpu queue."""
+        names = {f.name for f in dataclasses.fields(SandboxSettings)}
+        values: dict[str, Any] = {
+            name.removeprefix("sandbox_"): value
+            for name, value in self
+            if name.startswith("sandbox_") and name.removeprefix("sandbox_") in names
+        }
+        return SandboxSettings(
+            **values,
+            gpu="gpu" in self.queue_list,
+            cuda_visible_devices=self.cuda_visible_devices,
+            nvidia_visible_devices=self.nvidia_visible_devices,
+        )

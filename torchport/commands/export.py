@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from engine.artifacts import ARTIFACT_NAMES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
+from schemas.outcomes import error_body, validation_items
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 from torchport.summary import render_summary
 
@@ -138,15 +139,11 @@ def _options(args: argparse.Namespace) -> ExportOptions:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise _UsageError(
-            ErrorBody(
-                code="invalid_request",
-                message=f"Invalid option {_dotted(first['loc'])}: {first['msg']}",
+            error_body(
+                "invalid_request",
+                f"Invalid option {_dotted(first['loc'])}: {first['msg']}",
                 hint="See the options table in the contract (docs/contract.md §2).",
-                details={
-                    "errors": [
-                        {"field": _dotted(e["loc"]), "type": e["type"]} for e in exc.errors()
-                    ]
-                },
+                details={"errors": validation_items(exc.errors())},
             )
         ) from exc
 

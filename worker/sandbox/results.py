@@ -25,6 +25,7 @@ from schemas import (
     ReportDocument,
     SandboxReport,
 )
+from schemas.outcomes import canceled, error_body
 from worker.sandbox import quota
 from worker.sandbox.outputs import Untrusted, take_outputs
 from worker.sandbox.pipes import ProgressCallback
@@ -130,30 +131,21 @@ def map_error(
     """The job's error, if any: the supervisor's verdict first, then a refusal the job
     child wrote, then how it exited, then a lockdown it never reported or bad lines."""
     if verdict == "timeout":
-        return ErrorBody(
-            code="timeout",
-            message=f"The job ran longer than its time limit of {timeout:g} s and was stopped.",
-            hint="Raise `timeout_s`, or export a smaller configuration of the model.",
-            details={"timeout_s": timeout},
-        )
+        return error_body("timeout", timeout_s=timeout, details={"timeout_s": timeout})
     if verdict == "out_of_memory":
         return _out_of_memory(memory_mb)
     if verdict == "disk_quota_exceeded":
-        return ErrorBody(
-            code="disk_quota_exceeded",
-            message=f"The job wrote more than its disk limit of {settings.disk_mb} MB "
-            f"or {settings.max_inodes} files and was stopped.",
-            hint="Write less to disk from the model (temporary files, caches, extra "
-            "checkpoints); a larger limit is the worker's TORCHPORT_SANDBOX_DISK_MB.",
+        return error_body(
+            "disk_quota_exceeded",
+            disk_mb=settings.disk_mb,
+            max_inodes=settings.max_inodes,
             details=describe_disk(watch.disk, settings),
         )
     if verdict == "canceled":
-        return ErrorBody(code="canceled", message="The job was canceled.")
+        return canceled()
     if verdict == "zygote_died":
-        return ErrorBody(
-            code="internal_error",
-            message="The sandbox process died while the job ran; it has been restarted.",
-            hint=_BUG_HINT,
+        return error_body(
+            "internal_error", "The sandbox process died while the job ran; it has been restarted."
         )
     if watch.refused is not None:
         code, message = watch.refused
@@ -164,16 +156,10 @@ def map_error(
         return ErrorBody.model_validate({"code": code, "message": message})
     signum = exit_info.get("signal")
     if signum == signal.SIGXCPU:
-        return ErrorBody(
-            code="timeout",
-            message="The job used up its CPU time limit and was stopped.",
-            hint="Raise `timeout_s`, or export a smaller configuration of the model.",
-        )
+        return error_body("timeout", "The job used up its CPU time limit and was stopped.")
     if signum == signal.SIGSYS:
-        return ErrorBody(
-            code="sandbox_violation",
-            message="The uploaded code made a system call the sandbox forbids.",
-            hint="Uploaded code may not use the network, start processes or leave its directory.",
+        return error_body(
+            "sandbox_violation", "The uploaded code made a system call the sandbox forbids."
         )
     if signum == signal.SIGKILL:
         return _out_of_memory(memory_mb)  # nobody else kills a job: the kernel's OOM killer
@@ -244,12 +230,7 @@ def run_unconfined(
 
 
 def _out_of_memory(memory_mb: int) -> ErrorBody:
-    return ErrorBody(
-        code="out_of_memory",
-        message=f"The job used more than its memory limit of {memory_mb} MB and was stopped.",
-        hint="Raise `memory_mb`, or use smaller example inputs.",
-        details={"memory_mb": memory_mb},
-    )
+    return error_body("out_of_memory", memory_mb=memory_mb, details={"memory_mb": memory_mb})
 
 
 def _failed_report(error: ErrorBody, duration: float) -> ReportDocument:
