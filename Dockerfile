@@ -57,8 +57,13 @@ COPY torchport ./torchport
 # (transformers, diffusers), then timm without its dependencies, because pip would
 # otherwise resolve timm's torchvision against PyPI, whose wheels are CUDA builds. Nothing
 # here may replace the torch and torchvision installed above.
-RUN pip install '.[models]' \
+# The deployment targets (docs/targets.md): the `targets` extra (ONNX), then ExecuTorch
+# without its declared dependencies (coremltools, pandas, scikit-learn, torch) and with
+# what it needs; the runtime stage adds g++ for AOTInductor.
+RUN pip install '.[models,targets]' \
  && pip install --no-deps "timm==${TIMM_VERSION}" \
+ && pip install --no-deps executorch==1.4.1 torchao==0.18.0 \
+ && pip install ruamel.yaml==0.19.1 tabulate==0.10.0 \
  && python -c "import engine, persistence, service, worker, torchport" \
  && python -c "import torch, torchvision, timm, transformers, diffusers; assert torch.__version__.startswith('${TORCH_VERSION}')"
 
@@ -76,9 +81,10 @@ LABEL org.opencontainers.image.title="torchport" \
 # bubblewrap: the sandbox's outer layer where the host allows user namespaces (it does not
 # under Docker's default seccomp profile; Landlock + seccomp still apply there).
 # tini: PID 1 that reaps the sandboxes' orphans and forwards signals to Celery.
+# g++: the `aoti` target's compiler (a job asking for it may execute only the compiler).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      bubblewrap tini ca-certificates \
+      bubblewrap tini ca-certificates g++ \
  && rm -rf /var/lib/apt/lists/*
 
 # A fixed, unprivileged uid/gid (Kubernetes' runAsNonRoot checks the numeric USER).

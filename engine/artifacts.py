@@ -16,6 +16,12 @@ SIGNATURE = "signature.json"
 REPORT = "report.json"
 ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
 
+ONNX = "model.onnx"
+AOTI = "model.aoti.pt2"
+EXECUTORCH = "model.pte"
+TARGET_ARTIFACTS = {"onnx": ONNX, "aoti": AOTI, "executorch": EXECUTORCH}
+"""The file each deployment target writes (option `targets`), by target name."""
+
 
 def artifact_info(path: Path) -> ArtifactInfo:
     """Name, size and SHA-256 of an artifact file, read in chunks."""

@@ -131,6 +131,12 @@ class SerializationFailed(ExportError):
     code = "serialization_failed"
 
 
+class TargetFailed(ExportError):
+    """A deployment target failed and the options made targets required."""
+
+    code = "target_failed"
+
+
 class OutOfMemory(ExportError):
     code = "out_of_memory"
 

@@ -34,8 +34,14 @@ from engine import (
     tracing,
     verification,
 )
-from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, artifact_info
-from engine.errors import ExportError, InternalError, SerializationFailed, VerificationFailed
+from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_ARTIFACTS, artifact_info
+from engine.errors import (
+    ExportError,
+    InternalError,
+    SerializationFailed,
+    TargetFailed,
+    VerificationFailed,
+)
 from engine.model import LoadedModel, Upload
 from engine.source_map import SourceMap
 from schemas import (
@@ -46,6 +52,7 @@ from schemas import (
     ReportWarning,
     RoundtripCheck,
     StageRecord,
+    TargetResult,
     TracingReport,
     dynamic_shapes_adapter,
 )
@@ -95,6 +102,8 @@ class _Run:
         self.source_map = SourceMap(request.work_dir / "src")
         self.libraries: dict[str, str] = {}
         """What the upload imported, for the report's environment (filled by loading)."""
+        self.targets: dict[str, TargetResult] = {}
+        """Each deployment target converted so far (option `targets`)."""
 
     def emit(self, fraction: float, message: str = "") -> None:
         if self.progress is not None:
@@ -171,9 +180,14 @@ def run_export(
             run, diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
         )
     if error is not None:
-        for name in (PROGRAM, GRAPH, SIGNATURE):
+        for name in (PROGRAM, GRAPH, SIGNATURE, *TARGET_ARTIFACTS.values()):
             (request.out_dir / name).unlink(missing_ok=True)
             artifacts.pop(name, None)
+    for name in request.options.targets:
+        if name not in run.targets:
+            run.targets[name] = TargetResult(
+                status="skipped", notes=["The export failed before this target was converted."]
+            )
     report = ReportDocument(
         status="failed" if error else "succeeded",
         stages=run.stages,
@@ -185,6 +199,7 @@ def run_export(
         warnings=run.warnings,
         error=error,
         draft_export=run.sections.get("draft_export"),
+        targets=run.targets,
         environment=environment.describe(request.options.device, libraries=run.libraries),
         artifacts=(
             [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
@@ -316,6 +331,53 @@ def _export(
         _write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if roundtrip_wanted:
             _check_roundtrip(run, ep, loaded, program, roundtrip_runner)
+
+    if options.targets:
+        _convert(run, artifacts, ep, traced.ep, pristine, loaded)
+
+
+def _convert(
+    run: _Run,
+    artifacts: dict[str, Path],
+    ep: torch.export.ExportedProgram,
+    traced: torch.export.ExportedProgram,
+    pristine: torch.nn.Module,
+    loaded: LoadedModel,
+) -> None:
+    """The deployment targets asked for, each converted from the job's own programs and
+    verified in its runtime; a failed one is a `target_failed` warning, or the job's
+    error when `targets_required`."""
+    from engine import targets
+
+    options = run.request.options
+    wanted = [name for name in targets.ORDER if name in options.targets]
+    with run.step("converting", ", ".join(wanted)):
+        for index, name in enumerate(wanted):
+            run.emit(index / len(wanted), f"{name}: converting and verifying")
+            result = targets.run_target(
+                name,
+                program=ep,
+                traced=traced,
+                pristine=pristine,
+                args=loaded.args,
+                kwargs=loaded.kwargs,
+                out_dir=run.request.out_dir,
+                options=options,
+            )
+            run.targets[name] = result
+            if result.status == "succeeded" and result.artifact is not None:
+                artifacts[result.artifact] = run.request.out_dir / result.artifact
+                continue
+            error = result.error
+            message = error.message if error is not None else f"target {name} failed"
+            details = {**(error.details if error is not None else {}), "target": name}
+            if options.targets_required:
+                raise TargetFailed(
+                    message, hint=error.hint if error is not None else None, details=details
+                )
+            run.warnings.append(
+                ReportWarning(code="target_failed", message=message, details=details)
+            )
 
 
 def _make_portable(run: _Run, loaded: LoadedModel) -> portability.Portable:

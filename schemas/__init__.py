@@ -30,8 +30,10 @@ from schemas.graph import (
 )
 from schemas.job import ArtifactRef, JobPublic, JobStatus, StageEvent, WebhookDelivery
 from schemas.options import (
+    AotiOptions,
     DecompositionOptions,
     ExportOptions,
+    TargetName,
     VerifyOptions,
 )
 from schemas.progress import Progress
@@ -51,6 +53,7 @@ from schemas.report import (
     SampleCheck,
     SandboxReport,
     StageRecord,
+    TargetResult,
     TraceAttempt,
     TracingReport,
     VerificationReport,
@@ -62,6 +65,7 @@ __all__ = [
     "MODEL_LIBRARIES",
     "SCHEMA_VERSION",
     "STAGES",
+    "AotiOptions",
     "ArgSpec",
     "ArtifactInfo",
     "ArtifactRef",
@@ -103,6 +107,8 @@ __all__ = [
     "Stage",
     "StageEvent",
     "StageRecord",
+    "TargetName",
+    "TargetResult",
     "TensorMeta",
     "TraceAttempt",
     "TracingReport",

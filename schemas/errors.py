@@ -35,12 +35,13 @@ ErrorCode = Literal[
     "conflict",
     "environment_mismatch",
     "disk_quota_exceeded",
+    "target_failed",
 ]
 """Stable codes: add, never rename."""
 
 ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
 
-Stage = Literal["loading", "tracing", "decomposing", "verifying", "serializing"]
+Stage = Literal["loading", "tracing", "decomposing", "verifying", "serializing", "converting"]
 """The stages of a running export, in order."""
 
 STAGES: tuple[str, ...] = get_args(Stage)

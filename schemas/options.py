@@ -41,6 +41,28 @@ class VerifyOptions(StrictModel):
     roundtrip: bool = True
 
 
+TargetName = Literal["onnx", "aoti", "executorch"]
+"""The deployment targets an export can also produce (docs/targets.md)."""
+
+AotiIsa = Literal["portable", "native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+
+
+class AotiOptions(StrictModel):
+    """How the AOTInductor package (target `aoti`) is compiled."""
+
+    isa: AotiIsa = Field(
+        default="portable",
+        description=(
+            "The x86-64 instruction set the compiled kernels may use. `portable`: "
+            "x86-64-v3 (AVX2, FMA: Intel Haswell / AMD Zen and later) with AVX2 kernels; "
+            "`native`: torch's default, `-march=native` and the widest vector ISA of the "
+            "worker (the package may not run on another CPU); `x86-64` or `x86-64-v2`: "
+            "scalar kernels, any x86-64 CPU; `x86-64-v4`: AVX-512 kernels. The worker must "
+            "support the level (the package is run there for verification)."
+        ),
+    )
+
+
 class ExportOptions(StrictModel):
     """Everything a user can ask of one export."""
 
@@ -62,6 +84,18 @@ class ExportOptions(StrictModel):
             "tensors when the model uses container types a torch-only loader cannot rebuild."
         ),
     )
+    targets: list[TargetName] = Field(
+        default_factory=list,
+        description="Deployment artifacts to produce from the exported program, each verified "
+        "against eager PyTorch: `onnx` (model.onnx), `aoti` (model.aoti.pt2, AOTInductor), "
+        "`executorch` (model.pte, XNNPACK). program.pt2 is always produced.",
+    )
+    targets_required: bool = Field(
+        default=False,
+        description="Fail the job (`target_failed`) when a target fails; by default the job "
+        "succeeds with the target marked failed and a `target_failed` warning.",
+    )
+    aoti: AotiOptions = Field(default_factory=AotiOptions)
     requires: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(
         default_factory=list,
         description="pip-style requirements the worker must meet before the upload runs, e.g. "
@@ -88,6 +122,14 @@ class ExportOptions(StrictModel):
             if requirement.url is not None:
                 raise ValueError(f"{value!r}: requirements name installed packages, not URLs")
         return [value.strip() for value in values]
+
+    @field_validator("targets")
+    @classmethod
+    def _distinct_targets(cls, values: list[str]) -> list[str]:
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        if repeated:
+            raise ValueError(f"targets are listed more than once: {', '.join(repeated)}")
+        return values
 
     @model_validator(mode="after")
     def _custom_needs_ops(self) -> ExportOptions:

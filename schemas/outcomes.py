@@ -104,6 +104,13 @@ CATALOGUE: dict[str, Outcome] = {
         Outcome("verification_failed", None, "The exported program does not match eager."),
         Outcome("serialization_failed", None, "Saving or loading the program failed."),
         Outcome(
+            "target_failed",
+            None,
+            "Converting the program to a deployment target failed.",
+            "The program.pt2 is unaffected. See `report.targets` for the converter's error; "
+            "leave `targets_required` false to keep the job when a target fails.",
+        ),
+        Outcome(
             "timeout",
             None,
             "The job ran longer than its time limit of {timeout_s:g} s and was stopped.",

@@ -131,6 +131,34 @@ class VerificationReport(StrictModel):
     duration_s: float | None = None
 
 
+class TargetResult(StrictModel):
+    """One deployment target: its artifact, and the artifact run against eager PyTorch."""
+
+    status: Literal["succeeded", "failed", "skipped"]
+    artifact: str | None = Field(
+        default=None, description='The file written, e.g. "model.onnx"; null unless succeeded.'
+    )
+    size: int | None = Field(default=None, description="The artifact's size in bytes.")
+    duration_s: float | None = Field(default=None, description="Time to convert (not to verify).")
+    verification: VerificationReport | None = Field(
+        default=None,
+        description="The artifact, loaded by its own runtime, against eager PyTorch on the "
+        "samples the program's verification draws (same tolerances, same table).",
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What to know when deploying it: dynamic ranges not enforced, the ISA.",
+    )
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Machine-readable facts, e.g. for `aoti` the `isa` asked for, the `march` "
+        "and `vec_isa` used; the runtime's and converter's versions.",
+    )
+    error: ErrorBody | None = Field(
+        default=None, description="`target_failed`, with `details.target`; null unless failed."
+    )
+
+
 class ReportWarning(StrictModel):
     """Something the user should know that did not stop the export."""
 
@@ -235,6 +263,11 @@ class ReportDocument(StrictModel):
     warnings: list[ReportWarning] = Field(default_factory=list)
     error: ErrorBody | None = None
     draft_export: list[DraftIssue] | None = None
+    targets: dict[str, TargetResult] = Field(
+        default_factory=dict,
+        description="Per deployment target asked for in `options.targets`: how its conversion "
+        "and verification went (`skipped` when the export failed before it).",
+    )
     environment: Environment
     artifacts: list[ArtifactInfo] = Field(default_factory=list)
     sandbox: SandboxReport | None = None

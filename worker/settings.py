@@ -13,7 +13,7 @@ from pydantic_settings import SettingsConfigDict
 from persistence.settings import CommonSettings
 from worker.sandbox.settings import SandboxSettings
 
-_SANDBOX = {f.name: f.default for f in dataclasses.fields(SandboxSettings)}
+_SANDBOX: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(SandboxSettings)}
 """The sandbox's own defaults: each limit is written once, in `SandboxSettings`."""
 
 

@@ -93,3 +93,26 @@ def test_a_worker_killed_mid_job_loses_no_job(stack: Stack, tmp_path: Path) -> N
     assert done["status"] == "succeeded", done["error"]
     assert done["attempts"] == 2
     assert "worker_lost" in [e["message"] for e in done["stages"]]
+
+
+def test_deployment_targets_through_rest(stack: Stack) -> None:
+    pytest.importorskip("onnxruntime", reason="the `targets` extra is not installed")
+    import onnx
+
+    job = stack.submit(MODELS / "service_small.py", targets=["onnx"])
+    done = stack.wait_done(job["id"], timeout=240)
+    assert done["status"] == "succeeded", done["error"]
+    listed = {a["name"]: a for a in done["artifacts"]}
+    assert "model.onnx" in listed
+    model = stack.http.get(f"/v1/exports/{job['id']}/artifacts/model.onnx")
+    assert model.status_code == 200
+    import hashlib
+
+    assert hashlib.sha256(model.content).hexdigest() == listed["model.onnx"]["sha256"]
+    onnx.checker.check_model(onnx.load_from_string(model.content))
+    report = ReportDocument.model_validate_json(
+        stack.http.get(f"/v1/exports/{job['id']}/artifacts/report.json").content
+    )
+    onnx_result = report.targets["onnx"]
+    assert onnx_result.status == "succeeded"
+    assert onnx_result.verification is not None and onnx_result.verification.passed

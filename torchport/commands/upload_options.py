@@ -22,10 +22,29 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
         help="a pip-style requirement the worker must meet, e.g. 'transformers>=4.40' "
         "(repeatable; added to the options' requires)",
     )
+    parser.add_argument(
+        "--target",
+        action="append",
+        choices=("onnx", "aoti", "executorch"),
+        help="also produce and verify a deployment artifact: onnx (model.onnx), aoti "
+        "(model.aoti.pt2), executorch (model.pte) (repeatable; docs/targets.md)",
+    )
+    parser.add_argument(
+        "--targets-required",
+        action="store_true",
+        help="fail the export when a target fails (default: a warning)",
+    )
 
 
 def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    """Add the `--requires` of the command line to the options' `requires`."""
+    """Add the `--requires` of the command line to the options' `requires`, and its
+    `--target`s to the options' `targets`."""
+    if args.target:
+        existing = options.get("targets", [])
+        if isinstance(existing, list):
+            options["targets"] = [*existing, *(t for t in args.target if t not in existing)]
+    if args.targets_required:
+        options["targets_required"] = True
     if args.requires:
         existing = options.get("requires", [])
         # Anything but a list is left as it is, for the options' validation to refuse.

@@ -116,13 +116,15 @@ def restrict(
     write: Iterable[Path],
     devices: Iterable[Path] = (),
     ioctl_devices: Iterable[Path] = (),
+    executables: Iterable[Path] = (),
 ) -> int:
     """Confine this thread (and what it later creates) to the given paths.
 
     `read` paths may be read, `write` paths read and written, `devices` (e.g.
     /dev/null) read and written as files, `ioctl_devices` (a GPU's nodes) also
     listed and ioctl'd (ABI 5+; below it the kernel does not restrict device
-    ioctls at all). Everything else in the filesystem is
+    ioctls at all), `executables` (single files) executed: nothing else may be
+    (FS_EXECUTE is handled and granted only there). Everything else in the filesystem is
     denied; on ABI 4+ TCP bind/connect are denied, on ABI 6+ abstract Unix
     sockets and signals to processes outside the domain. Paths that do not exist
     are skipped. Needs `PR_SET_NO_NEW_PRIVS` first. Returns the ABI used.
@@ -149,6 +151,8 @@ def restrict(
         rules += [(path, WRITE) for path in write]
         rules += [(path, FS_READ_FILE | FS_WRITE_FILE) for path in devices]
         rules += [(path, READ | FS_WRITE_FILE | FS_IOCTL_DEV) for path in ioctl_devices]
+        # Each one file (a compiler, its helpers, the dynamic loader): executed, read.
+        rules += [(path, FS_EXECUTE | FS_READ_FILE) for path in executables]
         for path, rights in rules:
             _add_path_rule(add_rule, ruleset, path, rights & handled)
         if _libc.syscall(restrict_self, ruleset, 0) != 0:

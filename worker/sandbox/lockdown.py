@@ -61,6 +61,10 @@ class Confinement:
     """A CUDA job's extra devices, paths and variables (gpu.py); None for every other job."""
     cgroup: Path | None = None
     """The job's own pids cgroup (cgroups.py), joined while still root; None: none here."""
+    executables: list[Path] = field(default_factory=list)
+    """Files the child may execute (a deployment target's compiler and its helpers); with
+    any, seccomp allows execve and process creation and Landlock allows executing exactly
+    these. Empty for every job that asks for no such target: no exec at all."""
 
 
 def prctl(option: int, arg: int) -> None:
@@ -131,14 +135,18 @@ def apply(conf: Confinement) -> dict[str, object]:
     in_force["no_new_privs"] = True
     if conf.landlock:
         try:
-            in_force["landlock_abi"] = landlock.restrict(*landlock_rules(conf, os.getpid()))
+            in_force["landlock_abi"] = landlock.restrict(
+                *landlock_rules(conf, os.getpid()), executables=conf.executables
+            )
         except OSError as exc:
             raise LockdownError(f"Landlock could not be installed: {exc}") from exc
     try:
-        seccomp.install(os.getpid(), gpu=conf.gpu is not None)
+        seccomp.install(os.getpid(), gpu=conf.gpu is not None, exec_programs=bool(conf.executables))
     except Exception as exc:
         raise LockdownError(f"seccomp could not be installed: {exc}") from exc
     in_force["seccomp"] = True
+    if conf.executables:
+        in_force["executables"] = [str(path) for path in conf.executables]
     if conf.gpu is not None:
         # What the child itself sees, for the report: the GPU pinning it runs with, how
         # many device nodes it may open, and the names of its whole environment.

@@ -20,7 +20,7 @@ from typing import BinaryIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE
+from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_ARTIFACTS
 from schemas import ArtifactInfo, GraphDocument, ReportDocument, SignatureDocument
 from worker.sandbox.settings import SandboxSettings
 
@@ -72,9 +72,12 @@ def take_outputs(
     s = settings
     program = produced / PROGRAM
     if into is not None:
-        with contextlib.suppress(FileNotFoundError):
-            if program.lstat().st_size > s.early_copy_bytes:
-                return None
+        size = 0
+        for name in (PROGRAM, *TARGET_ARTIFACTS.values()):
+            with contextlib.suppress(FileNotFoundError):
+                size += (produced / name).lstat().st_size
+        if size > s.early_copy_bytes:
+            return None
         shutil.rmtree(into, ignore_errors=True)
         into.mkdir(mode=0o700, parents=True)
     limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
@@ -115,6 +118,25 @@ def take_outputs(
         return Accepted(report, {}, {}, into)
     if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
         raise Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
+    for target, name in TARGET_ARTIFACTS.items():
+        # Only the artifacts of targets the report says succeeded; each a regular file
+        # within the program's limit (an AOTInductor package is a zip archive too).
+        result = report.targets.get(target)
+        if result is None or result.status != "succeeded":
+            continue
+        magic = ZIP_MAGIC if name.endswith(".pt2") else None
+        if into is None:
+            head = read_regular(produced / name, s.max_program_bytes, whole=False)
+            if head is None:
+                raise Untrusted(f"target {target} succeeded without {name}")
+            if magic is not None and not head.startswith(magic):
+                raise Untrusted(f"{name} is not a zip archive")
+            files[name] = produced / name
+        else:
+            copied = copy_regular(produced / name, into / name, s.max_program_bytes, magic)
+            if copied is None:
+                raise Untrusted(f"target {target} succeeded without {name}")
+            files[name], infos[name] = into / name, copied
     return Accepted(report, files, infos, into)
 
 
@@ -156,16 +178,19 @@ def validate(document: type[Document], name: str, data: bytes) -> Document:
         raise Untrusted(f"{name} does not match its schema (at {where})") from None
 
 
-def copy_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
-    """Copy a zip archive a job wrote (see `open_regular`) to `target`, hashing what is
-    copied and stopping at `limit` bytes; None when there is no such file."""
+def copy_regular(
+    path: Path, target: Path, limit: int, magic: bytes | None = ZIP_MAGIC
+) -> ArtifactInfo | None:
+    """Copy a file a job wrote (see `open_regular`) to `target`, hashing what is copied
+    and stopping at `limit` bytes; None when there is no such file. `magic`: how it
+    must start (a zip archive by default; None: any non-empty file)."""
     source = open_regular(path, limit)
     if source is None:
         return None
     digest, size = hashlib.sha256(), 0
     with source, target.open("xb") as copy:
         while chunk := source.read(1 << 20):
-            if size == 0 and not chunk.startswith(ZIP_MAGIC):
+            if size == 0 and magic is not None and not chunk.startswith(magic):
                 raise Untrusted(f"{path.name} is not a zip archive")
             size += len(chunk)
             if size > limit:  # it grew while being read
@@ -173,5 +198,5 @@ def copy_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
             digest.update(chunk)
             copy.write(chunk)
     if size == 0:
-        raise Untrusted(f"{path.name} is not a zip archive")
+        raise Untrusted(f"{path.name} is empty")
     return ArtifactInfo(name=path.name, size=size, sha256=digest.hexdigest())

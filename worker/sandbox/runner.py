@@ -27,7 +27,17 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas import ErrorBody, ExportOptions
-from worker.sandbox import cgroups, gpu, layers, lockdown, outputs, pipes, results, supervisor
+from worker.sandbox import (
+    cgroups,
+    converters,
+    gpu,
+    layers,
+    lockdown,
+    outputs,
+    pipes,
+    results,
+    supervisor,
+)
 from worker.sandbox.gpu import GpuAccess
 from worker.sandbox.pipes import ProgressCallback
 from worker.sandbox.processes import list_children
@@ -357,6 +367,9 @@ class SandboxRunner:
         group = self._job_group(job_id)
         if group is not None:
             limits["cgroup"] = str(group)
+        executables = converters.programs(options.targets)
+        if executables:  # the converters' profile (Zygote.confinement takes it out again)
+            limits["executables"] = [str(path) for path in executables]
         rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
         memory_bytes = (options.memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
         watch = supervisor.Watch()

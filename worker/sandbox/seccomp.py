@@ -159,32 +159,51 @@ the job here: it dies with the process's fds and mappings, no socket can pass it
 exec is denied, RLIMIT_FSIZE caps its size and the RSS watchdog counts its pages."""
 
 
-def denied(gpu: bool = False) -> tuple[str, ...]:
-    """The system calls that fail with EPERM in a job child (a CUDA job's when `gpu`)."""
-    if not gpu:
-        return DENIED
-    return tuple(name for name in DENIED if name not in GPU_ALLOWED)
+EXEC_ALLOWED: tuple[str, ...] = ("execve", "execveat", "fork", "vfork")
+"""Taken off the deny list for a job that converts to a target needing programs (a C++
+compiler for AOTInductor, flatc for ExecuTorch): Landlock then limits execution to those
+files (`Confinement.executables`), and what they start inherits this filter (no
+sockets), Landlock (no writes outside the job's directories), the rlimits and the pids
+cgroup."""
 
 
-def install(own_pid: int, gpu: bool = False) -> list[str]:
+MODE_CALLS: tuple[str, ...] = ("chmod", "fchmod", "fchmodat", "fchmodat2")
+"""File mode changes: refused to every job (EPERM); in the converters' profile they answer
+success without changing anything."""
+
+
+def denied(gpu: bool = False, exec_programs: bool = False) -> tuple[str, ...]:
+    """The system calls that fail with EPERM in a job child (a CUDA job's when `gpu`;
+    one that may run the converters' programs when `exec_programs`)."""
+    allowed = (GPU_ALLOWED if gpu else ()) + (EXEC_ALLOWED if exec_programs else ())
+    return tuple(name for name in DENIED if name not in allowed)
+
+
+def install(own_pid: int, gpu: bool = False, exec_programs: bool = False) -> list[str]:
     """Load the filter into this process; returns the system calls it could not name.
 
     Signals (`kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`) are allowed
-    only towards `own_pid`. `gpu` allows what the CUDA driver needs (`GPU_ALLOWED`).
-    Raises OSError when the kernel refuses the filter; the caller must then refuse
-    the job.
+    only towards `own_pid` (a program it starts inherits the rule with the job's pid:
+    it cannot signal anyone else, not even itself). `gpu` allows what the CUDA driver needs
+    (`GPU_ALLOWED`); `exec_programs` allows execve and process creation
+    (`EXEC_ALLOWED`). Raises OSError when the kernel refuses the filter; the caller
+    must then refuse the job.
     """
     seccomp = prepare()
     flt = seccomp.SyscallFilter(seccomp.ALLOW)
     deny = seccomp.ERRNO(errno.EPERM)
     unknown: list[str] = []
-    for name in denied(gpu):
+    for name in denied(gpu, exec_programs):
+        # Converting, the compiler's toolchain and torch's inductor chmod what they write
+        # (a cache entry's metadata): the call answers success and changes nothing.
+        action = seccomp.ERRNO(0) if exec_programs and name in MODE_CALLS else deny
         try:
-            flt.add_rule(deny, name)
+            flt.add_rule(action, name)
         except (ValueError, OSError, RuntimeError):
             unknown.append(name)
     flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+    if not exec_programs:
+        flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         flt.add_rule(deny, name, seccomp.Arg(0, seccomp.NE, own_pid))
     # Limits and CPU placement: of this process only (pid 0 or its own). Another job's

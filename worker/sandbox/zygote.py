@@ -233,16 +233,25 @@ class Zygote:
 
     # -- job children -----------------------------------------------------------------
     def confinement(
-        self, dirs: dict[str, str], limits: dict[str, int], writable: list[str], gpu: bool
+        self,
+        dirs: dict[str, str],
+        limits: dict[str, int],
+        writable: list[str],
+        gpu: bool,
+        exec_programs: bool = False,
     ) -> Confinement:
         """The lockdown of a child of a job (job child or loader): the job's directories
-        and limits, its own uid and cgroup when the worker gave them."""
+        and limits, its own uid and cgroup when the worker gave them, and with
+        `exec_programs` (the job child only) the programs its targets run, when Landlock
+        can confine execution to them (never without Landlock)."""
         given = dict(limits)  # the job's own uid and gid travel with its limits
         uid, gid = (
             given.pop("uid", self.config.get("uid")),
             given.pop("gid", self.config.get("gid")),
         )
         cgroup: Any = given.pop("cgroup", None)  # a path among the ints
+        programs: Any = given.pop("executables", None) or []  # paths among the ints
+        landlock = bool(self.config.get("landlock", True))
         return Confinement(
             limits=Limits(**given),
             read_paths=[Path(p) for p in self.config["read_paths"]] + [Path(dirs["root"])],
@@ -250,9 +259,10 @@ class Zygote:
             scratch=Path(dirs["tmp"]),
             uid=uid,
             gid=gid,
-            landlock=bool(self.config.get("landlock", True)),
+            landlock=landlock,
             gpu=self.gpu if gpu else None,
             cgroup=Path(cgroup) if cgroup else None,
+            executables=[Path(p) for p in programs] if exec_programs and landlock else [],
         )
 
     def _fork_job(self, message: dict[str, Any], progress_fd: int, output_fd: int) -> None:
@@ -300,7 +310,7 @@ class Zygote:
     ) -> Confinement:
         """A job child's confinement; `fds`: progress, output, round-trip request, answer."""
         progress, output, request, answer = fds
-        conf = self.confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu)
+        conf = self.confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu, exec_programs=True)
         conf.keep_fds = {1: output, 2: output, 3: progress, 4: request, 5: answer}
         return conf
 

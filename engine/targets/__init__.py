@@ -1,0 +1,282 @@
+"""Deployment targets: the exported program converted for the runtimes people deploy with,
+each artifact run back in its own runtime and compared with eager PyTorch.
+
+- `onnx` (`engine.targets.onnx`): `model.onnx` from `torch.onnx.export(ep, dynamo=True)`,
+  run by ONNX Runtime (CPU provider);
+- `aoti` (`engine.targets.aoti`): `model.aoti.pt2` from
+  `torch._inductor.aoti_compile_and_package`, run by `torch._inductor.aoti_load_package`;
+- `executorch` (`engine.targets.executorch`): `model.pte` from
+  `to_edge_transform_and_lower` with the XNNPACK partitioner, run by the ExecuTorch runtime.
+
+Each target module is a set of plain functions with explicit paths in and out and no
+global state: `convert(program, args, kwargs, path, ...) -> Path` writes the artifact,
+`load(path, program, ...) -> FlatRunner` loads it for running. Their third-party packages
+(onnx, onnxscript, onnxruntime, executorch) are imported only inside those functions, so
+importing this package costs nothing; `missing(name)` says which are absent.
+
+`run_target` is what the pipeline calls: convert, load, verify with the pipeline's own
+verification code (`engine.verification.verify` with a runner), and describe it all as a
+`TargetResult`; it never raises for a failing target.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from engine import verification
+from engine.artifacts import TARGET_ARTIFACTS
+from schemas import ErrorBody, ExportOptions, TargetResult, VerificationReport
+from schemas.outcomes import error_body
+
+__all__ = [
+    "INSTALL_HINTS",
+    "ORDER",
+    "REQUIRES",
+    "FlatRunner",
+    "TargetError",
+    "missing",
+    "run_target",
+    "skipped",
+    "structured_runner",
+]
+
+FlatRunner = Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]]
+"""Runs a loaded artifact on `(args, kwargs)` and returns its outputs as a flat list."""
+
+ORDER = ("onnx", "aoti", "executorch")
+"""The order targets are converted in, whatever order the options name them in."""
+
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "onnx": ("onnx", "onnxscript", "onnxruntime"),
+    "aoti": (),
+    "executorch": ("executorch", "torchao", "ruamel.yaml", "flatbuffers", "tabulate"),
+}
+"""The importable modules each target needs besides torch."""
+
+_EXTRA = "pip install 'torchport[targets]'"
+EXECUTORCH_INSTALL = (
+    "pip install --no-deps executorch==1.4.1 torchao==0.18.0 and pip install "
+    "ruamel.yaml==0.19.1 tabulate==0.10.0 (executorch's own dependency list would pull "
+    "coremltools, pandas, scikit-learn and another torch)"
+)
+INSTALL_HINTS = {
+    "onnx": f"Install the `targets` extra on the worker: {_EXTRA}.",
+    "aoti": "AOTInductor needs a C++ compiler (g++) on the worker.",
+    "executorch": f"Install the `targets` extra on the worker ({_EXTRA}), then "
+    f"{EXECUTORCH_INSTALL}.",
+}
+
+
+class TargetError(Exception):
+    """A target that cannot be produced or does not run, with what to do about it."""
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details or {}
+
+
+def missing(name: str) -> list[str]:
+    """What target `name` needs that this machine lacks: modules that cannot be imported,
+    or for `aoti` the C++ compiler (`$CXX`, else g++); empty when it can run."""
+    absent = []
+    if name == "aoti":
+        compiler = os.environ.get("CXX") or "g++"
+        if shutil.which(compiler) is None:
+            absent.append(compiler)
+    for module in REQUIRES[name]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            absent.append(module)
+    return absent
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"engine.targets.{name}")
+
+
+def structured_runner(flat: FlatRunner, program: torch.export.ExportedProgram) -> Any:
+    """A runner returning outputs in the program's own structure (its `out_spec`), so
+    the verification table names them as it names the program's outputs."""
+    spec = program.call_spec.out_spec
+    count = spec.num_leaves if spec is not None else None
+
+    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        leaves = list(flat(args, kwargs))
+        if spec is None or count is None:
+            return leaves
+        if len(leaves) > count:
+            # A runtime that also returns the mutated buffers puts them first, as the
+            # program's own output list does.
+            leaves = leaves[len(leaves) - count :]
+        if len(leaves) != count:
+            raise RuntimeError(f"the artifact returned {len(leaves)} outputs, the program {count}")
+        return pytree.tree_unflatten(leaves, spec)
+
+    return run
+
+
+def run_target(
+    name: str,
+    *,
+    program: torch.export.ExportedProgram,
+    traced: torch.export.ExportedProgram,
+    pristine: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out_dir: Path,
+    options: ExportOptions,
+) -> TargetResult:
+    """Convert, load and verify one target; the result says how it went.
+
+    Args:
+        name: `onnx`, `aoti` or `executorch`.
+        program: the final program (the one saved as program.pt2).
+        traced: the program before `run_decompositions` (ExecuTorch lowers from it:
+            XNNPACK delegates more of it, linear stays linear).
+        pristine: the eager module, never run itself (verification deep-copies it).
+        args, kwargs: the example inputs the program was exported with.
+        out_dir: where the artifact is written, under its name in `TARGET_ARTIFACTS`.
+        options: the export's options (`aoti`, `verify`).
+    """
+    path = out_dir / TARGET_ARTIFACTS[name]
+    facts: dict[str, Any] = {}
+    notes: list[str] = []
+    check: VerificationReport | None = None
+    started = time.perf_counter()
+    duration: float | None = None
+    try:
+        absent = missing(name)
+        if absent:
+            raise TargetError(
+                f"{name}: this worker lacks {', '.join(absent)}",
+                hint=INSTALL_HINTS[name],
+                details={"missing": absent},
+            )
+        target = _module(name)
+        source = traced if name == "executorch" else program
+        target.convert(source, args, kwargs, path, facts=facts, **_settings(name, options))
+        duration = time.perf_counter() - started
+        notes += target.notes(facts)
+        flat = target.load(path, source, **_settings(name, options, loading=True))
+        if options.verify.enabled:
+            runner = structured_runner(flat, program)
+            check = verification.verify(
+                program, pristine, args, kwargs, options.verify, runner=runner
+            )
+        else:
+            check = VerificationReport(enabled=False)
+            notes.append("not verified: verify.enabled is false")
+        if check.passed is False:
+            raised, where = _first_failure(check)
+            if raised:
+                raise TargetError(
+                    f"{path.name} fails in its runtime {where}",
+                    hint=f"The {name} runtime rejected an input the program accepts; see "
+                    f"targets.{name}.verification for the sample and its shapes.",
+                )
+            raise TargetError(
+                f"{path.name} does not match eager PyTorch {where}",
+                hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
+                "difference is numerical noise of this runtime's kernels.",
+            )
+    except Exception as exc:
+        if duration is None:
+            duration = time.perf_counter() - started
+        path.unlink(missing_ok=True)
+        return TargetResult(
+            status="failed",
+            duration_s=duration,
+            verification=check,
+            notes=notes,
+            details=facts,
+            error=_error(name, exc),
+        )
+    return TargetResult(
+        status="succeeded",
+        artifact=path.name,
+        size=path.stat().st_size,
+        duration_s=duration,
+        verification=check,
+        notes=notes,
+        details=facts,
+    )
+
+
+def skipped(reason: str) -> TargetResult:
+    """A target not attempted, and why."""
+    return TargetResult(status="skipped", notes=[reason])
+
+
+def _settings(name: str, options: ExportOptions, *, loading: bool = False) -> dict[str, Any]:
+    if name == "aoti":
+        return {"isa": options.aoti.isa}
+    return {}
+
+
+def _error(name: str, exc: BaseException) -> ErrorBody:
+    if isinstance(exc, TargetError):
+        message, hint, details = exc.message, exc.hint, dict(exc.details)
+    else:
+        lines = clean(str(exc)).strip().splitlines()
+        message = f"{name}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        hint = _HINTS[name]
+        details = {"exception": type(exc).__name__}
+    details["target"] = name
+    return error_body("target_failed", message, hint=hint, stage="converting", details=details)
+
+
+_HINTS = {
+    "onnx": "The ONNX exporter has no translation for an op of this program, or the "
+    "program is over 2 GB (protobuf's limit); see the message. program.pt2 is unaffected.",
+    "aoti": "AOTInductor could not compile or load this program; see the message. "
+    "program.pt2 is unaffected.",
+    "executorch": "ExecuTorch could not lower or run this program (an op without an "
+    "ExecuTorch kernel, or a dynamic dim without an upper bound); see the message. "
+    "program.pt2 is unaffected.",
+}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def clean(text: str) -> str:
+    """`text` without terminal colour codes (converters colour their messages)."""
+    return _ANSI.sub("", text)
+
+
+def _first_failure(check: VerificationReport) -> tuple[bool, str]:
+    """Whether the first failed sample raised in the runtime, and where and how it failed."""
+    for sample in check.samples:
+        if sample.status != "failed":
+            continue
+        shapes = ", ".join(f"{k} {list(v)}" for k, v in sample.input_shapes.items())
+        where = f"on sample {sample.label!r} ({shapes})" if shapes else f"on {sample.label!r}"
+        for out in sample.outputs:
+            if not out.passed:
+                return False, (
+                    f"{where}: {out.path or 'the output'} {out.message or 'differs'} "
+                    f"(max abs error {out.max_abs_error}, atol {out.atol}, rtol {out.rtol})"
+                )
+        reason = sample.reason or ""
+        if reason.startswith(verification.EXPORTED_RAISED):
+            return True, f"{where}: {clean(reason.removeprefix(verification.EXPORTED_RAISED))}"
+        return False, f"{where}: {reason}"
+    return False, "(verification failed)"

@@ -1,0 +1,206 @@
+"""Target `aoti`: `model.aoti.pt2`, an AOTInductor package (the program compiled to a
+shared library), loaded back with `torch._inductor.aoti_load_package`.
+
+The instruction set. Inductor compiles with `-march=native` and the widest vector ISA of
+the machine by default, so a package built on an AVX-512 worker may crash (SIGILL) on a
+CPU without AVX-512. torch 2.13's inductor config sets both: `cpp.march` (the `-march`
+flag; None = native) and `cpp.simdlen` (the vector width of the generated kernels: 256
+picks AVX2, 512 AVX-512, 0 none). They are passed per call (`inductor_configs`, a
+scoped `config.patch`), never set globally. `cpp.vec_isa_ok` is set too: inductor then
+trusts the CPU flags instead of dry-compiling a probe per ISA and loading each in a
+fresh Python process, so the only programs run are the compiler's.
+
+What runs and what is written (for a sandbox profile; seen with `strace -f -e
+trace=execve`): `$CXX` or `g++` from PATH (`g++ --version`, then per source file g++ →
+cc1plus → as, the weights' `.S` file g++ → cc1 -E → as, the link g++ → collect2 → ld),
+no Python subprocess (the ISA probes are skipped, see `cpp.vec_isa_ok`); with
+`precompile_headers=True` also `openssl sha512` and `g++ -v` once per header. Written:
+files in `$TORCHINDUCTOR_CACHE_DIR` (default `$TMPDIR/torchinductor_<user>`), precompiled
+headers in `$TMPDIR/torchinductor_<user>/precompiled_headers` (whatever the cache dir),
+the compiler's temporary files in `$TMPDIR`, and `path`. Read: torch's headers and
+libraries (`torch/include`, `torch/lib`, linked with -ltorch -ltorch_cpu -lgomp) and
+Python's include dir. Loading extracts the package into
+`$TMPDIR/aotinductor_XXXXXX` and dlopens the library from there (no `noexec` mount).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["Isa", "convert", "load", "notes", "resolve_isa"]
+
+_X86 = ("x86_64", "AMD64")
+_LEVELS = {
+    # -march level → (simdlen, what the CPU needs, torch's check of this CPU for it)
+    "x86-64": (0, "any x86-64 CPU", None),
+    "x86-64-v2": (0, "SSE4.2 and POPCNT (2009 and later)", None),
+    "x86-64-v3": (256, "AVX2 and FMA (Intel Haswell, AMD Zen and later)", "avx2"),
+    "x86-64-v4": (512, "AVX-512 F/BW/CD/DQ/VL (Intel Skylake-SP, AMD Zen 4 and later)", "avx512"),
+}
+_PORTABLE = "x86-64-v3"
+
+
+@dataclass(frozen=True)
+class Isa:
+    """The flags a package is compiled with."""
+
+    requested: str
+    march: str | None
+    """The `-march` value; None = inductor's default (native)."""
+    simdlen: int | None
+    """Vector width of the kernels; None = the widest this CPU has."""
+    runs_on: str
+    """Which CPUs the package runs on, in words."""
+
+    def inductor_configs(self) -> dict[str, Any]:
+        """The inductor config entries for `aoti_compile_and_package`."""
+        configs: dict[str, Any] = {"cpp.vec_isa_ok": True}
+        if self.march is not None:
+            configs["cpp.march"] = self.march
+        if self.simdlen is not None:
+            configs["cpp.simdlen"] = self.simdlen
+        return configs
+
+    def vec_isa(self) -> str:
+        """The vector ISA inductor picks with these flags on this machine."""
+        from torch._inductor import config
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        with config.patch(self.inductor_configs()):
+            picked = str(pick_vec_isa())
+        return "none" if picked == "INVALID_VEC_ISA" else picked
+
+
+def resolve_isa(isa: str, *, machine: str | None = None) -> Isa:
+    """The flags for the option `aoti.isa` on this machine.
+
+    Raises:
+        TargetError: an x86-64 level this machine cannot run (the package is run here
+            for verification), or an x86-64 level on another architecture.
+    """
+    from engine.targets import TargetError
+
+    machine = machine or platform.machine()
+    if isa == "native":
+        return Isa(isa, None, None, f"CPUs with every instruction set of this worker ({machine})")
+    if machine not in _X86:
+        if isa == "portable":
+            return Isa(
+                isa,
+                None,
+                None,
+                f"CPUs like this worker's ({machine}): no portable level is "
+                "defined for it, torch's default flags were used",
+            )
+        raise TargetError(
+            f"aoti.isa {isa!r} is an x86-64 level; this worker is {machine}",
+            hint='Use aoti.isa "portable" or "native".',
+            details={"isa": isa, "machine": machine},
+        )
+    level = _PORTABLE if isa == "portable" else isa
+    simdlen, runs_on, needs = _LEVELS[level]
+    if needs is not None and not _cpu_has(needs):
+        if isa == "portable":
+            level = "x86-64-v2"
+            simdlen, runs_on, _ = _LEVELS[level]
+        else:
+            raise TargetError(
+                f"aoti.isa {isa!r} needs {needs.upper()}, which this worker's CPU lacks: "
+                "the package could not be verified here",
+                hint='Use aoti.isa "portable", or run the job on a worker with that CPU.',
+                details={"isa": isa, "needs": needs},
+            )
+    return Isa(isa, level, simdlen, runs_on)
+
+
+def convert(
+    program: torch.export.ExportedProgram,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    path: Path,
+    *,
+    isa: str = "portable",
+    precompile_headers: bool = False,
+    facts: dict[str, Any] | None = None,
+) -> Path:
+    """Compile `program` into an AOTInductor package at `path`.
+
+    Args:
+        program: the exported program (decomposed or not).
+        args, kwargs: its example inputs (unused: the program carries its own).
+        path: the package to write.
+        isa: `portable`, `native` or an x86-64 level (`resolve_isa`).
+        precompile_headers: let inductor precompile its C++ headers: faster compiles
+            only when `$TMPDIR` survives between jobs (a cold precompile costs more than
+            it saves: ~30 s against ~20 s for a small MLP on 2 cores); runs `openssl` and
+            writes under `$TMPDIR/torchinductor_<user>/precompiled_headers`.
+        facts: filled with `isa`, `march`, `vec_isa`, `runs_on`.
+
+    Returns:
+        `path`.
+    """
+    import torch._inductor
+
+    chosen = resolve_isa(isa)
+    configs = {
+        **chosen.inductor_configs(),
+        "aot_inductor.precompile_headers": precompile_headers,
+        "compile_threads": 1,  # no pool of compile worker processes
+    }
+    if facts is not None:
+        facts.update(
+            isa=isa,
+            march=chosen.march or "native",
+            vec_isa=chosen.vec_isa(),
+            runs_on=chosen.runs_on,
+        )
+    written = torch._inductor.aoti_compile_and_package(
+        program, package_path=str(path), inductor_configs=configs
+    )
+    return Path(written)
+
+
+def load(path: Path, program: torch.export.ExportedProgram, *, isa: str = "portable") -> Any:
+    """The package at `path`, loaded, as a runner of flat outputs.
+
+    Loaded with the same ISA settings it was built with: loading compares the package's
+    ISA with the one inductor would pick, which otherwise probes the compiler.
+    """
+    import torch._inductor
+    from torch._inductor import config
+
+    with config.patch(resolve_isa(isa).inductor_configs()):
+        compiled = torch._inductor.aoti_load_package(str(path))
+
+    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
+        return pytree.tree_leaves(compiled(*args, **kwargs))
+
+    return run
+
+
+def notes(facts: dict[str, Any]) -> list[str]:
+    """What a deployment should know."""
+    vec = facts.get("vec_isa")
+    kernels = "scalar (unvectorized)" if vec == "none" else vec
+    return [
+        f"compiled with -march={facts.get('march')} and {kernels} kernels "
+        f"(aoti.isa {facts.get('isa')!r}): runs on {facts.get('runs_on')}.",
+        f"load it with torch {torch.__version__.split('+')[0]} on "
+        f"{platform.system().lower()} {platform.machine()} "
+        "(torch._inductor.aoti_load_package); it holds a shared library built for that "
+        "torch.",
+        "The package does not check the declared dynamic ranges (min/max): inputs outside "
+        "them run without an error, where program.pt2 refuses them.",
+    ]
+
+
+def _cpu_has(feature: str) -> bool:
+    checks = {"avx2": torch.cpu._is_avx2_supported, "avx512": torch.cpu._is_avx512_supported}
+    return bool(checks[feature]())

@@ -1,0 +1,387 @@
+"""Deployment targets (engine.targets): ONNX, AOTInductor and ExecuTorch artifacts made
+from an exported program, run back in their own runtimes and verified against eager.
+
+The converters are optional packages (the `targets` extra, and executorch installed
+without its dependencies); a test that needs one is skipped, saying which, only when it
+is not installed. AOTInductor needs a C++ compiler instead. AOTI compiles take ~20 s
+each on 2 cores, so one small model is compiled by default and the rest are `slow`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.export import Dim
+
+from engine import targets
+from engine.artifacts import TARGET_ARTIFACTS
+from engine.targets import aoti
+from engine.targets import onnx as onnx_target
+from schemas import ExportOptions, TargetResult
+
+# --- what each test needs ----------------------------------------------------------------
+
+
+def needs(name: str) -> None:
+    """Skip unless target `name`'s converter and runtime are installed."""
+    if name == "aoti":
+        compiler = targets.missing("aoti")
+        if compiler:
+            pytest.skip(f"AOTInductor needs a C++ compiler: {', '.join(compiler)} not found")
+        return
+    for module in targets.REQUIRES[name]:
+        pytest.importorskip(
+            module,
+            reason=f"target {name} needs {module}: pip install 'torchport[targets]'"
+            + (" and executorch (docs/targets.md)" if name == "executorch" else ""),
+        )
+
+
+# --- models ------------------------------------------------------------------------------
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv1(x)))
+        x = torch.relu(self.conv2(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+@torch.library.custom_op("torchport_test_targets::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _twice_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class WithCustomOp(torch.nn.Module):
+    """An op no converter knows: a Python-only custom op."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return twice(x) + 1
+
+
+@dataclass
+class Case:
+    module: torch.nn.Module
+    args: tuple[Any, ...]
+    traced: torch.export.ExportedProgram
+    program: torch.export.ExportedProgram
+
+
+def export(module: torch.nn.Module, args: tuple[Any, ...], dynamic: Any = None) -> Case:
+    module.eval()
+    traced = torch.export.export(module, args, dynamic_shapes=dynamic)
+    return Case(module, args, traced, traced.run_decompositions())
+
+
+@pytest.fixture(scope="module")
+def mlp() -> Case:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+        torch.nn.Linear(32, 4),
+    )  # fmt: skip
+    return export(model, (torch.randn(2, 8),), ({0: Dim("batch", min=1, max=64)},))
+
+
+@pytest.fixture(scope="module")
+def conv() -> Case:
+    torch.manual_seed(0)
+    return export(ConvNet(), (torch.randn(2, 3, 16, 16),), ({0: Dim("batch", min=1, max=8)},))
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Case:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    return export(layer, (torch.randn(2, 10, 32),), ({1: Dim("seq", min=2, max=32)},))
+
+
+def run(name: str, case: Case, out_dir: Path, **options: Any) -> TargetResult:
+    return targets.run_target(
+        name,
+        program=case.program,
+        traced=case.traced,
+        pristine=case.module,
+        args=case.args,
+        kwargs={},
+        out_dir=out_dir,
+        options=ExportOptions(**options),
+    )
+
+
+def assert_verified(result: TargetResult, out_dir: Path, name: str, *, atol: float) -> None:
+    """Succeeded, the artifact is there, and every sample ran and matched eager."""
+    assert result.status == "succeeded", result.error
+    artifact = out_dir / TARGET_ARTIFACTS[name]
+    assert result.artifact == artifact.name
+    assert artifact.is_file()
+    assert result.size == artifact.stat().st_size > 0
+    assert result.duration_s is not None and result.duration_s > 0
+    check = result.verification
+    assert check is not None and check.enabled and check.passed
+    ran = [sample for sample in check.samples if sample.status == "passed"]
+    assert len(ran) == len(check.samples) >= 4  # example, min, max, a random one or more
+    errors = [out.max_abs_error for sample in ran for out in sample.outputs]
+    assert errors and all(error is not None and error <= atol for error in errors), errors
+    assert result.error is None
+
+
+def batch_sizes(result: TargetResult) -> set[int]:
+    assert result.verification is not None
+    return {int(sample.input_shapes["args[0]"][0]) for sample in result.verification.samples}
+
+
+# --- ONNX --------------------------------------------------------------------------------
+
+
+def test_onnx_mlp_keeps_its_dynamic_batch(mlp: Case, tmp_path: Path) -> None:
+    needs("onnx")
+    result = run("onnx", mlp, tmp_path)
+    assert_verified(result, tmp_path, "onnx", atol=1e-5)
+    assert {1, 64} <= batch_sizes(result)
+    assert result.details["dynamic_dims"] == {"input": [0]}
+    assert result.details["opset"] >= 18
+    assert any("dynamic ranges" in note for note in result.notes)
+
+    import onnx
+    import onnxruntime
+
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim.dim_param and not dim.HasField("dim_value")
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    x = torch.randn(37, 8)
+    (actual,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(actual), mlp.module(x), atol=1e-5, rtol=1e-4)
+
+
+def test_onnx_conv_net(conv: Case, tmp_path: Path) -> None:
+    needs("onnx")
+    assert_verified(run("onnx", conv, tmp_path), tmp_path, "onnx", atol=1e-5)
+
+
+def test_onnx_without_verification_is_not_verified(mlp: Case, tmp_path: Path) -> None:
+    needs("onnx")
+    result = run("onnx", mlp, tmp_path, verify={"enabled": False})
+    assert result.status == "succeeded"
+    assert result.verification is not None and result.verification.enabled is False
+    assert any("not verified" in note for note in result.notes)
+
+
+def test_an_op_onnx_cannot_translate_is_target_failed(tmp_path: Path) -> None:
+    needs("onnx")
+    case = export(WithCustomOp(), (torch.randn(4),))
+    result = run("onnx", case, tmp_path)
+    assert result.status == "failed"
+    assert result.artifact is None and not (tmp_path / "model.onnx").exists()
+    error = result.error
+    assert error is not None
+    assert error.code == "target_failed" and error.stage == "converting"
+    assert error.details["target"] == "onnx"
+    # The exporter's cause, not its generic preamble, and no terminal colour codes.
+    assert "torchport_test_targets.twice" in error.message
+    assert "No ONNX function" in error.message and "\x1b" not in error.message
+    assert error.hint and "program.pt2 is unaffected" in error.hint
+
+
+def test_an_artifact_that_differs_from_eager_is_target_failed(
+    mlp: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs("onnx")
+    real_load = onnx_target.load
+
+    def off_by_one(path: Path, program: torch.export.ExportedProgram) -> Any:
+        runner = real_load(path, program)
+        return lambda args, kwargs: [out + 1 for out in runner(args, kwargs)]
+
+    monkeypatch.setattr(onnx_target, "load", off_by_one)
+    result = run("onnx", mlp, tmp_path)
+    assert result.status == "failed"
+    assert result.verification is not None and result.verification.passed is False
+    assert result.error is not None and result.error.code == "target_failed"
+    assert "does not match eager PyTorch on sample 'example'" in result.error.message
+    assert "max abs error 1.0" in result.error.message
+    assert result.error.hint and "verify.atol" in result.error.hint
+    assert not (tmp_path / "model.onnx").exists()
+
+
+# --- missing packages and compilers (need nothing installed) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "install"), [("onnx", "torchport[targets]"), ("executorch", "executorch==")]
+)
+def test_a_missing_package_is_target_failed_with_what_to_install(
+    name: str, install: str, mlp: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(targets.REQUIRES, name, ("torchport_no_such_module",))
+    result = run(name, mlp, tmp_path)
+    assert result.status == "failed" and result.verification is None
+    error = result.error
+    assert error is not None and error.code == "target_failed"
+    assert error.details == {"missing": ["torchport_no_such_module"], "target": name}
+    assert "torchport_no_such_module" in error.message
+    assert error.hint and install in error.hint and "torchport[targets]" in error.hint
+
+
+def test_a_missing_compiler_fails_aoti(
+    mlp: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CXX", "torchport-no-such-compiler")
+    result = run("aoti", mlp, tmp_path)
+    assert result.status == "failed"
+    assert result.error is not None and result.error.code == "target_failed"
+    assert result.error.details["missing"] == ["torchport-no-such-compiler"]
+    assert result.error.hint and "g++" in result.error.hint
+
+
+# --- AOTInductor -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("isa", "machine", "cpu", "march", "simdlen"),
+    [
+        ("portable", "x86_64", {"avx2"}, "x86-64-v3", 256),
+        ("portable", "x86_64", set(), "x86-64-v2", 0),  # a CPU without AVX2: one level down
+        ("x86-64", "x86_64", {"avx2", "avx512"}, "x86-64", 0),
+        ("x86-64-v4", "x86_64", {"avx2", "avx512"}, "x86-64-v4", 512),
+        ("native", "x86_64", set(), None, None),
+        ("portable", "aarch64", set(), None, None),
+    ],
+)
+def test_resolve_isa(
+    isa: str,
+    machine: str,
+    cpu: set[str],
+    march: str | None,
+    simdlen: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(aoti, "_cpu_has", lambda feature: feature in cpu)
+    chosen = aoti.resolve_isa(isa, machine=machine)
+    assert (chosen.march, chosen.simdlen) == (march, simdlen)
+    configs = chosen.inductor_configs()
+    assert configs["cpp.vec_isa_ok"] is True
+    assert configs.get("cpp.march") == march and configs.get("cpp.simdlen") == simdlen
+
+
+@pytest.mark.parametrize(
+    ("isa", "machine", "cpu", "needle"),
+    [("x86-64-v4", "x86_64", {"avx2"}, "AVX512"), ("x86-64-v3", "aarch64", set(), "aarch64")],
+)
+def test_an_isa_this_worker_cannot_run_is_refused(
+    isa: str, machine: str, cpu: set[str], needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(aoti, "_cpu_has", lambda feature: feature in cpu)
+    with pytest.raises(targets.TargetError, match=needle) as raised:
+        aoti.resolve_isa(isa, machine=machine)
+    assert raised.value.hint and "portable" in raised.value.hint
+
+
+def test_aoti_mlp_portable(mlp: Case, tmp_path: Path) -> None:
+    needs("aoti")
+    result = run("aoti", mlp, tmp_path)
+    assert_verified(result, tmp_path, "aoti", atol=1e-5)
+    assert {1, 64} <= batch_sizes(result)
+    details = result.details
+    assert details["isa"] == "portable"
+    if aoti.platform.machine() in ("x86_64", "AMD64"):
+        expected = "x86-64-v3" if torch.cpu._is_avx2_supported() else "x86-64-v2"
+        assert details["march"] == expected
+        assert details["vec_isa"] == ("avx2" if expected == "x86-64-v3" else "none")
+    assert any(f"-march={details['march']}" in note for note in result.notes)
+
+
+# --- ExecuTorch --------------------------------------------------------------------------
+
+
+def test_executorch_mlp(mlp: Case, tmp_path: Path) -> None:
+    needs("executorch")
+    result = run("executorch", mlp, tmp_path)
+    assert_verified(result, tmp_path, "executorch", atol=1e-5)
+    assert {1, 64} <= batch_sizes(result)
+    assert result.details["delegated"] >= 1  # XNNPACK took the linears
+    assert result.details["executorch"]
+
+
+def test_executorch_refuses_an_unbounded_dynamic_dim(tmp_path: Path) -> None:
+    needs("executorch")
+    case = export(torch.nn.Linear(8, 4), (torch.randn(2, 8),), ({0: Dim("batch")},))
+    result = run("executorch", case, tmp_path)
+    assert result.status == "failed"
+    assert result.error is not None and result.error.code == "target_failed"
+    assert result.error.details["unbounded"] == ["input dim 0"]
+    assert result.error.hint and "max" in result.error.hint
+    assert not (tmp_path / "model.pte").exists()
+
+
+def test_executorch_an_op_without_kernel_is_target_failed(tmp_path: Path) -> None:
+    needs("executorch")
+    case = export(WithCustomOp(), (torch.randn(4),))
+    result = run("executorch", case, tmp_path)
+    assert result.status == "failed"
+    assert result.error is not None and result.error.code == "target_failed"
+    assert "torchport_test_targets" in result.error.message
+
+
+# --- heavier models (CI runs them) -------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["onnx", "aoti", "executorch"])
+def test_transformer_encoder_layer(name: str, encoder: Case, tmp_path: Path) -> None:
+    needs(name)
+    result = run(name, encoder, tmp_path)
+    assert_verified(result, tmp_path, name, atol=1e-4)
+    assert result.verification is not None
+    seq = {int(sample.input_shapes["args[0]"][1]) for sample in result.verification.samples}
+    assert {2, 32} <= seq
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["aoti", "executorch"])
+def test_conv_net(name: str, conv: Case, tmp_path: Path) -> None:
+    needs(name)
+    assert_verified(run(name, conv, tmp_path), tmp_path, name, atol=1e-5)
+
+
+def test_no_compiler_found_means_aoti_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CXX", raising=False)
+    expected = [] if shutil.which("g++") else ["g++"]
+    assert targets.missing("aoti") == expected
+
+
+def test_target_options() -> None:
+    from pydantic import ValidationError
+
+    options = ExportOptions()
+    assert options.targets == [] and options.targets_required is False
+    assert options.aoti.isa == "portable"
+    assert ExportOptions(targets=["executorch", "onnx"]).targets == ["executorch", "onnx"]
+    with pytest.raises(ValidationError, match="more than once: onnx"):
+        ExportOptions(targets=["onnx", "aoti", "onnx"])
+    with pytest.raises(ValidationError):
+        ExportOptions(targets=["tflite"])
+    with pytest.raises(ValidationError):
+        ExportOptions(aoti={"isa": "avx2"})
+    assert tuple(TARGET_ARTIFACTS) == targets.ORDER

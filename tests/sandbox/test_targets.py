@@ -1,0 +1,114 @@
+"""Deployment targets through the sandbox: converted in the job child, verified there, the
+artifacts taken as untrusted files; a job asking for `aoti` or `executorch` gets the
+converters' profile (it may execute the compiler and flatc, nothing else), and one asking
+for none of them gets no exec at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox.conftest import MODELS, fresh_runner
+from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, converters
+
+pytest.importorskip("onnxruntime", reason="the `targets` extra is not installed")
+pytest.importorskip("executorch", reason="executorch is not installed (docs/targets.md)")
+needs_compiler = pytest.mark.skipif(
+    not converters.programs(["aoti"]), reason="no C++ compiler on this machine"
+)
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[SandboxRunner]:
+    root = Path(tempfile.mkdtemp(prefix="torchport-targets-"))
+    os.chmod(root, 0o755)
+    with fresh_runner(work_root=root / "work", spares=False) as started:
+        yield started
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(runner: SandboxRunner, model: str, options: dict[str, object]) -> SandboxResult:
+    assert runner.work_root is not None
+    upload = Path(tempfile.mkdtemp(dir=runner.work_root.parent)) / model
+    shutil.copyfile(MODELS / model, upload)
+    os.chmod(upload.parent, 0o755)
+    return runner.run(
+        SandboxJob(
+            model=upload,
+            inputs=None,
+            weights=None,
+            options={"timeout_s": 600, **options},
+            job_dir=Path(tempfile.mkdtemp(dir=runner.work_root.parent)),
+        )
+    )
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_every_target_converts_and_verifies_in_the_sandbox(runner: SandboxRunner) -> None:
+    result = _run(runner, "service_small.py", {"targets": ["executorch", "onnx", "aoti"]})
+    assert result.error is None, result.error
+    report = result.report
+    assert list(report.targets) == ["onnx", "aoti", "executorch"]  # converted in ORDER
+    for name, artifact in (
+        ("onnx", "model.onnx"),
+        ("aoti", "model.aoti.pt2"),
+        ("executorch", "model.pte"),
+    ):
+        target = report.targets[name]
+        assert target.status == "succeeded", target.error
+        assert target.artifact == artifact
+        assert target.verification is not None and target.verification.passed
+        assert artifact in result.artifacts  # taken, listed and hashed by the worker
+        assert result.artifacts[artifact].stat().st_size == target.size
+    listed = {a.name: a for a in report.artifacts}
+    assert {"model.onnx", "model.aoti.pt2", "model.pte"} <= set(listed)
+    assert {"landlock", "seccomp"} <= set(report.sandbox.layers if report.sandbox else [])
+
+
+def test_onnx_alone_needs_no_exec(runner: SandboxRunner) -> None:
+    assert converters.programs(["onnx"]) == []
+    result = _run(runner, "service_small.py", {"targets": ["onnx"]})
+    assert result.error is None, result.error
+    assert result.report.targets["onnx"].status == "succeeded"
+    assert "model.onnx" in result.artifacts
+
+
+@needs_compiler
+def test_the_converters_profile_runs_only_their_programs(runner: SandboxRunner) -> None:
+    result = _run(runner, "hostile_converter.py", {"targets": ["onnx"], "verify": {"samples": 0}})
+    # Without aoti/executorch the job has no exec at all: even the control fails, and the
+    # upload's own attempts are the job's outcome.
+    assert result.error is not None
+    assert result.error.code == "sandbox_violation"
+    assert "control_compiler_runs': 'PermissionError'" in result.error.details["original_message"]
+    result = _run(runner, "hostile_converter.py", {"targets": ["aoti"], "verify": {"samples": 0}})
+    assert result.error is None, result.error  # every attempt refused, g++ itself ran
+    assert result.report.targets["aoti"].status == "succeeded"
+    denied = [w for w in result.report.warnings if w.code == "sandbox_denied"]
+    assert denied and "subprocess.Popen" in denied[0].details["attempted"]
+
+
+def test_a_failed_target_is_a_warning_unless_required(runner: SandboxRunner) -> None:
+    # ExecuTorch refuses a dynamic dim without an upper bound before lowering.
+    options: dict[str, object] = {
+        "targets": ["executorch"],
+        "dynamic_shapes": {"x": {"0": {"name": "batch", "min": 1}}},
+    }
+    result = _run(runner, "service_small.py", options)
+    assert result.error is None, result.error
+    target = result.report.targets["executorch"]
+    assert target.status == "failed"
+    assert target.error is not None and target.error.code == "target_failed"
+    assert "model.pte" not in result.artifacts
+    assert [w.code for w in result.report.warnings].count("target_failed") == 1
+    required = _run(runner, "service_small.py", {**options, "targets_required": True})
+    assert required.error is not None
+    assert required.error.code == "target_failed"
+    assert required.error.details["target"] == "executorch"
+    assert "program.pt2" not in required.artifacts

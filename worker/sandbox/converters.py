@@ -1,0 +1,89 @@
+"""The programs a deployment target's conversion runs, found by the worker (trusted, without
+importing torch or the converters), so that the job child converting it may execute
+exactly these files and nothing else (`Confinement.executables`, Landlock's execute right).
+
+Measured with `strace -f -e trace=execve` (docs/targets.md):
+- `onnx`: none.
+- `aoti`: the C++ compiler driver (`g++`, found on the job's PATH as torch's inductor finds
+  it), `cc1plus` and `cc1` (the weights' `.S` file is preprocessed by `cc1 -E`), `as`,
+  `collect2`, `lto-wrapper` and `ld` — no `python -c` probe (the vector ISA is given).
+- `executorch`: the `flatc` binary shipped in the executorch wheel.
+Each executed ELF program also needs the dynamic loader (the kernel checks it like the
+program). Nothing here is ever given to a job that asked for none of these targets.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import platform
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["JOB_PATH", "programs"]
+
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""The PATH a job child has (lockdown.environment)."""
+
+_LOADERS = {
+    "x86_64": "/lib64/ld-linux-x86-64.so.2",
+    "aarch64": "/lib/ld-linux-aarch64.so.1",
+}
+
+
+def programs(targets: Iterable[str]) -> list[Path]:
+    """The files a job converting to `targets` may execute (resolved, existing ones);
+    empty when none of the targets runs a program."""
+    found: set[Path] = set()
+    for target in targets:
+        found |= set(_aoti() if target == "aoti" else ())
+        found |= set(_executorch() if target == "executorch" else ())
+    if found:
+        found |= set(_resolved([_LOADERS.get(platform.machine(), "")]))
+    return sorted(found)
+
+
+@functools.cache
+def _aoti() -> tuple[Path, ...]:
+    driver = shutil.which("g++", path=JOB_PATH)
+    if driver is None:
+        return ()
+    names = [driver]
+    for helper in ("cc1plus", "cc1", "collect2", "lto-wrapper"):
+        try:
+            answer = subprocess.run(
+                [driver, f"-print-prog-name={helper}"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        names.append(answer if "/" in answer else shutil.which(answer, path=JOB_PATH) or "")
+    for tool in ("as", "ld", "ld.bfd"):
+        names.append(shutil.which(tool, path=JOB_PATH) or "")
+    return _resolved(names)
+
+
+@functools.cache
+def _executorch() -> tuple[Path, ...]:
+    try:
+        spec = importlib.util.find_spec("executorch")  # finds, never imports, the package
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    return _resolved(
+        [
+            str(Path(location) / "data" / "bin" / "flatc")
+            for location in spec.submodule_search_locations
+        ]
+    )
+
+
+def _resolved(names: Iterable[str]) -> tuple[Path, ...]:
+    paths = {Path(name).resolve() for name in names if name}
+    return tuple(sorted(path for path in paths if path.is_file()))
