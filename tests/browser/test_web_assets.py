@@ -10,6 +10,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from schemas.errors import STAGES
+from schemas.outcomes import CATALOGUE
 from service.app import create_app
 from service.settings import ServiceSettings
 from service.web import STATIC_DIR, render_index
@@ -76,3 +78,25 @@ def test_the_pages_are_served_beside_the_api(tmp_path: Path) -> None:
         assert client.get("/v1/exports/nope").json()["code"] == "not_found"
         paths = client.get("/openapi.json").json()["paths"]
         assert "/" not in paths and "/v1/exports" in paths
+
+
+def _js_object_keys(source: str, name: str) -> set[str]:
+    """The keys of a `const NAME = { key: …, … };` object literal in one of our scripts."""
+    body = re.search(rf"const {name} = \{{(.*?)\n\}};", source, re.S)
+    assert body is not None, name
+    return set(re.findall(r"^\s+([a-z_]+):", body.group(1), re.M))
+
+
+def test_every_code_a_job_can_end_with_is_explained_on_the_failure_page() -> None:
+    explained = _js_object_keys((STATIC_DIR / "failure.js").read_text(), "EXPLAIN")
+    job_codes = {code for code, entry in CATALOGUE.items() if entry.ends_jobs}
+    assert job_codes - explained == set()
+    assert "target_failed" in explained
+
+
+def test_the_job_page_knows_every_stage_in_order() -> None:
+    script = (STATIC_DIR / "job.js").read_text()
+    listed = re.search(r"export const STAGES = \[([^\]]*)\];", script)
+    assert listed is not None
+    assert tuple(re.findall(r'"([a-z]+)"', listed.group(1))) == STAGES
+    assert _js_object_keys(script, "STAGE_HELP") == set(STAGES)

@@ -3,6 +3,7 @@
 import { h, fill, card, table, copyButton, rich } from "./dom.js";
 import { sourceOf } from "./session.js";
 import { againButton, startAgain } from "./job.js";
+import { targetsCard } from "./result.js";
 import { applySuggestedFixes, dimensionEditor } from "./dynamic_shapes.js";
 import { getUploadText } from "./api.js";
 
@@ -28,6 +29,7 @@ const EXPLAIN = {
   serialization_failed: "Saving the program, or loading it back, failed.",
   timeout: "The export took longer than its time limit.",
   out_of_memory: "The export used more memory than its limit.",
+  target_failed: "The program exported, but converting it to a deployment target you asked for (ONNX, AOTInductor, ExecuTorch) or running that target against eager PyTorch failed, and `targets_required` makes that fail the job.",
   disk_quota_exceeded: "Your code wrote more to disk (files, their number, or one file's size) than a job may hold.",
   sandbox_violation: "Your code tried something the sandbox does not allow (network, running programs, …).",
   canceled: "The export was canceled.",
@@ -50,8 +52,9 @@ export function renderFailure(root, job, report, navigate) {
       error.hint ? h("div", { class: "hint-box", id: "error-hint" }, h("strong", {}, "How to fix it: "), rich(error.hint)) : null,
       error.code === "environment_mismatch" || error.details?.missing_module
         ? h("p", {}, h("a", { href: "#/environment", id: "environment-link" }, "What the workers have installed")) : null,
-      h("div", { class: "actions" }, againButton(job, navigate))),
+      h("div", { class: "actions" }, againButton(job, navigate), optionalTargetsButton(job, error, navigate))),
     error.location ? sourceCard(job, error.location) : null,
+    targetsCard(job, report),
     fixesCard(job, error, report, navigate),
     shapesEditorCard(job, error, report, navigate),
     error.exportdb?.length ? exportdbCard(error.exportdb) : null,
@@ -60,6 +63,14 @@ export function renderFailure(root, job, report, navigate) {
     detailsCard(error),
   ];
   fill(root, ...sections.filter(Boolean));
+}
+
+/** For a job a required target failed: export again with the targets optional. */
+function optionalTargetsButton(job, error, navigate) {
+  if (error.code !== "target_failed" || !job.options?.targets_required) return null;
+  const button = againButton(job, navigate, { options: { targets_required: false } }, "Export again, keeping the job when a target fails");
+  button.id = "reexport-optional-targets";
+  return button;
 }
 
 function sourceCard(job, location) {

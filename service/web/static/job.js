@@ -6,14 +6,23 @@ import { renderResult } from "./result.js";
 import { renderFailure } from "./failure.js";
 import { uploads } from "./session.js";
 
-export const STAGES = ["loading", "tracing", "decomposing", "verifying", "serializing"];
+export const STAGES = ["loading", "tracing", "decomposing", "verifying", "serializing", "converting"];
 const STAGE_HELP = {
   loading: "importing your module, building the example inputs, running it once eagerly",
   tracing: "torch.export.export: recording the tensor operations with symbolic shapes",
   decomposing: "run_decompositions: lowering to the core ATen operator set",
   verifying: "running the exported program against eager PyTorch on sampled shapes",
   serializing: "torch.export.save, then loading it back in a fresh process",
+  converting: "converting to the deployment targets asked for, each verified in its own runtime",
 };
+
+/** The stages a job goes through: `converting` only when it asked for deployment targets. */
+export function stagesOf(job) {
+  const converts = job.options?.targets?.length || job.error?.stage === "converting"
+    || (job.stages || []).some((e) => e.stage === "converting");
+  return STAGES.filter((stage) => stage !== "converting" || converts);
+}
+
 const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
 
 /** Per stage: {state, started, ended} from the job's stage events (ISO times). */
@@ -30,7 +39,7 @@ export function stageTimeline(job) {
   }
   const finished = job.finished_at ? Date.parse(job.finished_at) : null;
   const timeline = {};
-  for (const stage of STAGES) {
+  for (const stage of stagesOf(job)) {
     const index = order.indexOf(stage);
     if (index < 0) {
       timeline[stage] = { state: TERMINAL.has(job.status) ? "skipped" : "pending", started: null, ended: null };
@@ -90,6 +99,7 @@ export function renderJob(root, id, navigate) {
       `decomposition: ${o.decomposition.mode}`,
       o.dynamic_shapes ? "dynamic shapes given" : "static shapes",
       o.verify.enabled ? "verified" : "not verified",
+      o.targets?.length ? `targets: ${o.targets.join(", ")}${o.targets_required ? " (required)" : ""}` : null,
       o.device,
     ];
     fill(header, 
@@ -102,7 +112,7 @@ export function renderJob(root, id, navigate) {
     const timeline = stageTimeline(job);
     const now = Date.now();
     const durations = new Map((report?.stages || []).map((s) => [s.name, s.duration_s]));
-    fill(progress, ...STAGES.map((stage) => {
+    fill(progress, ...stagesOf(job).map((stage) => {
       const t = timeline[stage];
       const seconds = durations.has(stage) ? durations.get(stage) : t.started ? ((t.ended ?? now) - t.started) / 1000 : null;
       const last = [...(job.stages || [])].reverse().find((e) => e.stage === stage && e.message);

@@ -1,7 +1,7 @@
 // A succeeded job: summary, downloads, graph, op histogram, signature, verification,
-// decomposition, and an editor to export again with dynamic shapes.
-import { h, fill, card, table, formatShape, formatBytes, formatError, formatSeconds } from "./dom.js";
-import { downloadArtifact, saveJson } from "./api.js";
+// deployment targets, decomposition, and an editor to export again with dynamic shapes.
+import { h, fill, card, table, badge, rich, formatShape, formatBytes, formatError, formatSeconds } from "./dom.js";
+import { artifactUrl, downloadArtifact, saveJson } from "./api.js";
 import { dimensionEditor } from "./dynamic_shapes.js";
 import { toModelExplorer } from "./model_explorer.js";
 import { renderGraph } from "./graph_view.js";
@@ -11,7 +11,17 @@ const ARTIFACT_HELP = {
   "program.pt2": "the exported program: torch.export.load(path)",
   "graph.json": "nodes, shapes, source lines, op histogram",
   "signature.json": "inputs, outputs, ranges, the dynamic-shapes spec used",
-  "report.json": "stages, tracing attempts, verification, decomposition",
+  "report.json": "stages, tracing attempts, verification, decomposition, targets",
+  "model.onnx": "ONNX model, weights inside: onnxruntime.InferenceSession(path)",
+  "model.aoti.pt2": "AOTInductor package: torch._inductor.aoti_load_package(path)",
+  "model.pte": "ExecuTorch program (XNNPACK): executorch.runtime",
+};
+
+/** The deployment targets (report.targets), in the order the engine converts them. */
+const TARGETS = {
+  onnx: { label: "ONNX", runtime: "ONNX Runtime (CPU)" },
+  aoti: { label: "AOTInductor", runtime: "torch._inductor.aoti_load_package" },
+  executorch: { label: "ExecuTorch", runtime: "ExecuTorch runtime, XNNPACK delegate" },
 };
 
 export function renderResult(root, job, { report, graph, signature }, navigate) {
@@ -23,6 +33,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
     graph ? histogram(graph.op_histogram, nonCore) : null,
     signature ? signatureCard(signature) : null,
     report?.verification ? verificationCard(report.verification) : null,
+    targetsCard(job, report),
     report?.decomposition ? decompositionCard(report.decomposition) : null,
     signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested) : null,
     report?.warnings?.length ? warningsCard(report.warnings) : null,
@@ -113,7 +124,8 @@ function signatureCard(signature) {
     signature.dynamic_shapes ? h("details", {}, h("summary", {}, "Dynamic-shapes spec used"), h("pre", {}, JSON.stringify(signature.dynamic_shapes, null, 1))) : null);
 }
 
-function verificationCard(v) {
+/** The per-sample, per-output table of a VerificationReport (the program's, or a target's). */
+export function verificationTable(v) {
   const rows = [];
   for (const sample of v.samples || []) {
     const symbols = Object.entries(sample.symbols || {}).map(([k, n]) => `${k}=${n}`).join(", ");
@@ -128,11 +140,63 @@ function verificationCard(v) {
       h("td", { class: "num muted" }, o.atol !== null && o.atol !== undefined ? `${o.atol} / ${o.rtol}` : ""),
       h("td", {}, verdict(o.passed ? "passed" : "failed"), o.message ? h("div", { class: "small" }, o.message) : null))));
   }
+  return table(["sample", "sizes", "output", "shape", "max abs error", "max rel error", "atol / rtol", "result"], rows, { class: "verification" });
+}
+
+function verificationCard(v) {
   const rt = v.roundtrip;
   return card("Verification",
     h("p", { class: "muted" }, "Each sample runs the exported program and the original eager model on the same inputs; dynamic sizes are drawn at their min, their max and in between."),
-    table(["sample", "sizes", "output", "shape", "max abs error", "max rel error", "atol / rtol", "result"], rows, { class: "verification" }),
+    verificationTable(v),
     rt ? h("p", { "data-roundtrip": rt.status }, h("strong", {}, "Save → load round trip: "), verdict(rt.status), rt.bitwise_equal ? " outputs bitwise equal" : "", rt.reason ? ` (${rt.reason})` : "") : null);
+}
+
+/**
+ * A link to one of the job's artifacts: its href is the API's address of the file; a click
+ * downloads it as the Downloads buttons do (fetched with the API key when one is set).
+ */
+function artifactLink(job, name) {
+  const link = h("a", { href: artifactUrl(job.id, name), download: name, class: "artifact-link", "data-artifact-link": name }, name);
+  link.addEventListener("click", (event) => {
+    event.preventDefault();
+    downloadArtifact(job.id, name);
+  });
+  return link;
+}
+
+/**
+ * Deployment targets (report.targets): per target its status, artifact, size, conversion time,
+ * notes, its error when it failed, and its own verification table. Null when none was asked for.
+ */
+export function targetsCard(job, report) {
+  const entries = Object.entries(report?.targets || {});
+  if (!entries.length) return null;
+  const order = Object.keys(TARGETS);
+  entries.sort(([a], [b]) => (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99) || a.localeCompare(b));
+  const stored = new Map((job.artifacts || []).map((a) => [a.name, a]));
+  const rows = entries.map(([name, t]) => {
+    const size = t.size ?? stored.get(t.artifact)?.size;
+    return h("tr", { "data-target": name, "data-status": t.status },
+      h("td", {}, h("strong", {}, TARGETS[name]?.label || name), h("div", { class: "small muted" }, TARGETS[name]?.runtime || "")),
+      h("td", {}, badge(t.status)),
+      h("td", {}, t.artifact ? (stored.has(t.artifact) ? artifactLink(job, t.artifact) : h("code", {}, t.artifact)) : "—"),
+      h("td", { class: "num", "data-field": "size" }, size === null || size === undefined ? "—" : formatBytes(size)),
+      h("td", { class: "num", "data-field": "duration" }, formatSeconds(t.duration_s)),
+      h("td", { "data-field": "verified" }, t.verification ? verdict(t.verification.passed === false ? "failed" : t.verification.passed ? "passed" : "skipped") : h("span", { class: "muted" }, "—")));
+  });
+  const sections = entries.map(([name, t]) => h("section", { class: "target-detail", "data-target-detail": name },
+    h("h3", {}, TARGETS[name]?.label || name, " ", badge(t.status)),
+    t.error ? h("div", { class: "warn-line target-error", "data-code": t.error.code, "data-target": name },
+      h("code", {}, t.error.code), " ", rich(t.error.message), t.error.hint ? h("div", { class: "hint" }, rich(t.error.hint)) : null) : null,
+    t.notes?.length ? h("ul", { class: "notes" }, t.notes.map((n) => h("li", {}, rich(n)))) : null,
+    t.verification?.samples?.length ? verificationTable(t.verification)
+      : t.status === "succeeded" ? h("p", { class: "muted" }, "Not verified.") : null,
+    t.details && Object.keys(t.details).length
+      ? h("details", {}, h("summary", {}, "Details"), h("pre", {}, JSON.stringify(t.details, null, 1))) : null));
+  return card("Deployment targets",
+    h("p", { class: "muted" }, "Artifacts converted from the exported program, each loaded by its own runtime and run on the same samples, with the same tolerances, as the program's verification."),
+    table(["target", "status", "artifact", "size", "convert time", "verified"], rows, { class: "targets" }),
+    sections);
 }
 
 function verdict(status) {

@@ -4,6 +4,21 @@ import { submitExport, ApiError } from "./api.js";
 import { checkDynamicShapes, dimensionEditor } from "./dynamic_shapes.js";
 import { uploads, rememberSource } from "./session.js";
 
+/** The deployment targets the form offers, in the order the engine converts them. */
+export const TARGETS = [
+  ["onnx", "ONNX (model.onnx, ONNX Runtime)"],
+  ["aoti", "AOTInductor (model.aoti.pt2)"],
+  ["executorch", "ExecuTorch (model.pte, XNNPACK)"],
+];
+const AOTI_ISAS = [
+  ["portable", "portable (default): x86-64-v3, AVX2 kernels"],
+  ["native", "native: the worker's own CPU (widest vector ISA)"],
+  ["x86-64", "x86-64: scalar kernels, any x86-64 CPU"],
+  ["x86-64-v2", "x86-64-v2: scalar kernels, SSE4.2 CPUs"],
+  ["x86-64-v3", "x86-64-v3: AVX2 kernels"],
+  ["x86-64-v4", "x86-64-v4: AVX-512 kernels"],
+];
+
 const KINDS = {
   model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, or a .zip of a package." },
   inputs: { label: "Example inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional; replaces `example_args`. .safetensors (args.0, kwargs.mask…), .pt or a .json spec." },
@@ -66,6 +81,20 @@ export function renderUpload(root, navigate) {
     h("label", { class: "field" }, "extra samples in the dynamic ranges", samples),
     h("label", { class: "check" }, roundtrip, " save → load round trip"));
 
+  const chosenTargets = new Set(options.targets || []);
+  const targetBoxes = TARGETS.map(([name, label]) => [name, label,
+    h("input", { type: "checkbox", name: "target", value: name, "data-target": name, checked: chosenTargets.has(name) })]);
+  const targetsRequired = h("input", { type: "checkbox", name: "targets_required", id: "targets-required", checked: options.targets_required === true });
+  const requiredRow = h("label", { class: "check" }, targetsRequired, " fail the job if a target fails (by default the job succeeds, the target is marked failed and a warning says why)");
+  const isa = select("aoti_isa", AOTI_ISAS, options.aoti?.isa || "portable");
+  isa.id = "aoti-isa";
+  const isaRow = h("label", { class: "field", id: "aoti-isa-row" }, "AOTInductor instruction set", isa,
+    h("span", { class: "muted small" }, "Which x86-64 CPUs the compiled package runs on: portable suits any AVX2 + FMA CPU (Intel Haswell, AMD Zen and later); native may crash (SIGILL) on an older CPU than the worker's. The worker runs the package to verify it, so it must support the level."));
+  const targetsFields = h("fieldset", { class: "targets", id: "targets" },
+    h("legend", {}, "Deployment targets (besides program.pt2; each is run in its own runtime and verified against eager PyTorch)"),
+    h("div", { class: "target-boxes" }, targetBoxes.map(([name, label, box]) => h("label", { class: "check" }, box, ` ${label}`))),
+    isaRow, requiredRow);
+
   const shapesText = h("textarea", { name: "dynamic_shapes", id: "dynamic-shapes", rows: 5, spellcheck: "false", placeholder: '{"x": {"0": {"name": "batch", "min": 1, "max": 64}}, "y": {"0": "batch"}}' },
     options.dynamic_shapes ? JSON.stringify(options.dynamic_shapes, null, 1) : "");
   const autoFix = h("input", { type: "checkbox", name: "auto_fix", id: "auto-fix", checked: options.auto_fix_dynamic_shapes !== false });
@@ -102,9 +131,16 @@ export function renderUpload(root, navigate) {
     decomposeRow.hidden = mode.value !== "custom";
     preserveRow.hidden = mode.value === "none";
     verifyFields.hidden = !verify.checked;
+    const wanted = checkedTargets();
+    isaRow.hidden = !wanted.includes("aoti");
+    requiredRow.hidden = wanted.length === 0;
+  }
+  function checkedTargets() {
+    return targetBoxes.filter(([, , box]) => box.checked).map(([name]) => name);
   }
   mode.addEventListener("change", refresh);
   verify.addEventListener("change", refresh);
+  for (const [, , box] of targetBoxes) box.addEventListener("change", refresh);
   refresh();
 
   const submit = h("button", { type: "submit", class: "primary", id: "submit" }, "Export");
@@ -123,6 +159,7 @@ export function renderUpload(root, navigate) {
       preserveRow, decomposeRow,
       h("label", { class: "check" }, verify, " verify the exported program against eager PyTorch"),
       verifyFields,
+      targetsFields,
       h("label", { class: "field" }, h("span", {}, "Libraries the model needs, one pip specifier a line (optional; ",
         h("a", { href: "#/environment", id: "environment-link" }, "what the workers have"), ")"), requires)),
     card("Dynamic shapes",
@@ -185,6 +222,12 @@ export function renderUpload(root, navigate) {
       v.roundtrip = roundtrip.checked;
     }
     body.verify = v;
+    const wanted = checkedTargets();
+    if (wanted.length) {
+      body.targets = wanted;
+      if (targetsRequired.checked) body.targets_required = true;
+      if (wanted.includes("aoti") && isa.value !== "portable") body.aoti = { isa: isa.value };
+    }
     const shapes = checkDynamicShapes(shapesText.value).value;
     if (shapes !== null) body.dynamic_shapes = shapes;
     if (!autoFix.checked) body.auto_fix_dynamic_shapes = false;
