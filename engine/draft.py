@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from engine.diagnostics import branch_condition, classify, python_expression, readable_sources
+from engine.diagnostics import classify
+from engine.exception_text import branch_condition, python_expression, readable_sources
 from engine.model import LoadedModel
 from engine.source_map import SourceMap
 from schemas import DraftIssue, SourceLocation

@@ -27,19 +27,11 @@ import torch
 from pydantic import ValidationError
 
 from engine import diagnostics
-from engine.dynamic_shapes import (
-    WIDENED_SIZE,
-    Widened,
-    apply_fixes,
-    fix_to_json,
-    plain_json,
-    suggested_fixes,
-    to_json,
-    to_torch,
-    widen_size_one_dims,
-)
 from engine.errors import ExportError
 from engine.model import LoadedModel
+from engine.shape_examples import WIDENED_SIZE, Widened, widen_size_one_dims
+from engine.shape_grammar import plain_json, to_torch
+from engine.shape_json import apply_fixes, fix_to_json, suggested_fixes, to_json
 from schemas import (
     DynamicShapeFix,
     DynamicShapesReport,

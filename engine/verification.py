@@ -3,9 +3,10 @@
 `verify` runs the model eagerly and `ep.module()` on the example inputs and on extra
 inputs drawn inside the program's dynamic ranges (each symbol at its minimum, at its
 maximum, then at random values in between; derived dimensions such as `dimx + 1`
-follow from the program's own shape expressions), and compares every output leaf, every
-mutated buffer and every input changed in place (reported with the buffers, under its
-input path such as `args[0]`). The save → load round trip is `engine.roundtrip`'s job.
+follow from the program's own shape expressions; drawn by `engine.sampling`), and
+compares every output leaf, every mutated buffer and every input changed in place
+(reported with the buffers, under its input path such as `args[0]`). The save → load
+round trip is `engine.roundtrip`'s job.
 
 When the model was wrapped for portability (`engine.portability`), pass the wrapper
 and its plain inputs: eager and exported then take and return the same structures.
@@ -14,17 +15,15 @@ and its plain inputs: eager and exported then take and return the same structure
 from __future__ import annotations
 
 import copy
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import sympy
 import torch
 import torch.utils._pytree as pytree
 
 from engine.roundtrip import flatten_with_paths
+from engine.sampling import draw_samples
 from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 
 __all__ = ["EXPORTED_RAISED", "Runner", "default_tolerance", "verify"]
@@ -38,12 +37,6 @@ EXPORTED_RAISED = "the exported program raised: "
 
 _EPS = 1e-7
 """The denominator guard of the relative error, as in torch.onnx's verification report."""
-
-_UNBOUNDED_FLOOR = 8
-"""An unbounded symbol is drawn up to max(2 * its example value, its minimum + this)."""
-
-_MAX_ELEMENTS = 1 << 24
-"""A drawn input larger than this and than 16 * its example is not allocated."""
 
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
 
@@ -92,7 +85,7 @@ def verify(
     template = ep.module() if runner is None else None
     samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts, runner)]
     if opts.samples:
-        for label, symbols, inputs in _draw_samples(ep, args, kwargs, opts.samples, seed):
+        for label, symbols, inputs in draw_samples(ep, args, kwargs, opts.samples, seed):
             if isinstance(inputs, str):
                 samples.append(
                     SampleCheck(label=label, symbols=symbols, status="skipped", reason=inputs)
@@ -322,152 +315,6 @@ def _errors(e: torch.Tensor, a: torch.Tensor) -> tuple[float | None, float | Non
     return float(diff.max()), float(rel.max())
 
 
-# --- sampled inputs --------------------------------------------------------------------
-
-
-@dataclass
-class _Symbol:
-    lower: int
-    upper: int
-
-
-def _draw_samples(
-    ep: torch.export.ExportedProgram,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    count: int,
-    seed: int,
-) -> list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]]:
-    """`count` labelled inputs, or one reason why none can be drawn (no symbols: none)."""
-    user_vals = _user_input_values(ep)
-    flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    if len(user_vals) != len(flat):
-        return [
-            (
-                "min",
-                {},
-                f"{len(user_vals)} program inputs for {len(flat)} example input leaves",
-            )
-        ]
-    symbols = _symbols(ep, user_vals, flat)
-    if not symbols:
-        return []
-    rng = random.Random(seed)
-    generator = torch.Generator().manual_seed(seed)
-    ordered = sorted(symbols, key=str)
-    drawn: list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]] = []
-    for index in range(count):
-        if index == 0:
-            label, values = "min", {s: symbols[s].lower for s in ordered}
-        elif index == 1:
-            label, values = "max", {s: symbols[s].upper for s in ordered}
-        else:
-            label = f"random-{index - 1}"
-            values = {s: rng.randint(symbols[s].lower, symbols[s].upper) for s in ordered}
-        names = {str(s): v for s, v in values.items()}
-        try:
-            leaves = [
-                _make_leaf(val, example, values, generator)
-                for val, example in zip(user_vals, flat, strict=True)
-            ]
-        except ValueError as exc:
-            drawn.append((label, names, str(exc)))
-            continue
-        sample_args, sample_kwargs = pytree.tree_unflatten(leaves, spec)
-        drawn.append((label, names, (sample_args, sample_kwargs)))
-    return drawn
-
-
-def _user_input_values(ep: torch.export.ExportedProgram) -> list[Any]:
-    """The fake value of each user input, in the order of the flattened (args, kwargs)."""
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    values = []
-    for spec in ep.graph_signature.input_specs:
-        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
-            continue
-        node = placeholders.get(spec.arg.name)
-        if node is not None and "val" in node.meta:
-            values.append(node.meta["val"])
-        else:
-            values.append(getattr(spec.arg, "value", None))
-    return values
-
-
-def _symbols(
-    ep: torch.export.ExportedProgram, user_vals: list[Any], flat: list[Any]
-) -> dict[sympy.Symbol, _Symbol]:
-    """Every free symbol of the inputs' shapes with the range to draw it from."""
-    examples: dict[sympy.Symbol, int] = {}
-    free: set[sympy.Symbol] = set()
-    for val, example in zip(user_vals, flat, strict=True):
-        if not isinstance(val, torch.Tensor) or not isinstance(example, torch.Tensor):
-            continue
-        for dim, size in zip(val.shape, example.shape, strict=True):
-            if isinstance(dim, torch.SymInt):
-                expr = dim.node.expr
-                free |= expr.free_symbols
-                if isinstance(expr, sympy.Symbol):
-                    examples.setdefault(expr, int(size))
-    ranges = {str(k): v for k, v in ep.range_constraints.items()}
-    symbols = {}
-    for symbol in free:
-        bounds = ranges.get(str(symbol))
-        lower = int(bounds.lower) if bounds is not None and _finite(bounds.lower) else 0
-        if bounds is not None and _finite(bounds.upper):
-            upper = int(bounds.upper)
-        else:
-            upper = max(2 * examples.get(symbol, lower), lower + _UNBOUNDED_FLOOR)
-        symbols[symbol] = _Symbol(lower=lower, upper=max(lower, upper))
-    return symbols
-
-
-def _make_leaf(
-    val: Any,
-    example: Any,
-    values: dict[sympy.Symbol, int],
-    generator: torch.Generator,
-) -> Any:
-    if not isinstance(example, torch.Tensor) or not isinstance(val, torch.Tensor):
-        return example
-    shape = []
-    for dim in val.shape:
-        if isinstance(dim, torch.SymInt):
-            size = dim.node.expr.subs(values)
-            if not size.is_Integer:
-                raise ValueError(f"could not evaluate the size {dim.node.expr}")
-            if int(size) < 0:
-                raise ValueError(f"the size {dim.node.expr} is negative for these values")
-            shape.append(int(size))
-        else:
-            shape.append(int(dim))
-    numel = 1
-    for size in shape:
-        numel *= size
-    if numel > max(_MAX_ELEMENTS, 16 * example.numel()):
-        raise ValueError(f"an input of shape {shape} is too large to draw")
-    return _random_like(example, shape, generator)
-
-
-def _random_like(example: torch.Tensor, shape: list[int], generator: torch.Generator) -> Any:
-    dtype = example.dtype
-    if dtype == torch.bool:
-        out = torch.randint(0, 2, shape, generator=generator).bool()
-    elif dtype.is_floating_point or dtype.is_complex:
-        out = torch.randn(shape, generator=generator, dtype=torch.float64)
-        if dtype.is_complex:
-            imag = torch.randn(shape, generator=generator, dtype=torch.float64)
-            out = torch.complex(out, imag)
-        out = out.to(dtype)
-    else:
-        # Integers often index or count: stay inside the example's own value range.
-        low, high = (0, 1)
-        if example.numel():
-            low, high = int(example.min()), int(example.max())
-        out = torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64)
-        out = out.to(dtype)
-    return out.to(example.device).requires_grad_(example.requires_grad)
-
-
 # --- small pieces ----------------------------------------------------------------------
 
 
@@ -512,8 +359,3 @@ def _outside_guards(exc: BaseException) -> bool:
 def _describe(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-
-def _finite(bound: Any) -> bool:
-    # torch's int_oo is a sympy number whose is_finite is not False.
-    return isinstance(bound, sympy.Integer)

@@ -1,0 +1,130 @@
+"""The module's own example inputs and the eager reference run (LOAD stage, steps 4 and 6).
+
+`module_inputs` reads `example_args` / `example_kwargs` from the entry module when no
+inputs file was uploaded; `run_eager` runs a deep copy of the model once, leaving the
+model and its inputs untouched, for the reference outputs and buffers.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from engine.errors import EagerRunFailed, InvalidInputs
+from engine.inputs import normalize_inputs
+from engine.source_map import SourceMap
+
+__all__ = ["module_inputs", "run_eager"]
+
+STAGE = "loading"
+
+_MISSING = object()
+
+
+def module_inputs(
+    module: ModuleType, model: torch.nn.Module
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The entry module's `example_args` and `example_kwargs`, normalized."""
+    args = getattr(module, "example_args", _MISSING)
+    if args is _MISSING:
+        if _required_parameters(model):
+            raise InvalidInputs(
+                "No example inputs: the module has no `example_args` and no inputs file "
+                "was uploaded.",
+                hint="Define `example_args` in the module or upload an inputs file.",
+                stage=STAGE,
+                details={"source": "module", "missing": "example_args"},
+            )
+        args = ()
+    return normalize_inputs(args, getattr(module, "example_kwargs", None), source="module")
+
+
+def _required_parameters(model: torch.nn.Module) -> list[str]:
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return ["?"]
+    return [
+        p.name
+        for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+
+
+def run_eager(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    source_map: SourceMap,
+) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Run a deep copy of `module` once on deep copies of the inputs, under no_grad.
+
+    `module` and the inputs are left untouched, buffers included. A module that
+    cannot be deep-copied is run itself, and its parameters and buffers are restored
+    afterwards.
+
+    Returns:
+        The outputs, and the reference copy's buffers after the run.
+
+    Raises:
+        EagerRunFailed: the forward raised (location: the innermost user frame;
+            details `exception`).
+    """
+    try:
+        reference = copy.deepcopy(module)
+        saved = None
+    except Exception:
+        reference = module
+        saved = _snapshot(module)
+    try:
+        run_args, run_kwargs = copy.deepcopy((args, kwargs))
+    except Exception:
+        # e.g. non-leaf tensors, which refuse deepcopy
+        run_args, run_kwargs = tree_map_only(
+            torch.Tensor, lambda t: t.detach().clone(), (args, kwargs)
+        )
+    try:
+        with torch.no_grad():
+            outputs = reference(*run_args, **run_kwargs)
+        buffers = {name: b for name, b in reference.named_buffers()}
+        if saved is not None:
+            buffers = {name: b.clone() for name, b in buffers.items()}
+    except Exception as exc:
+        raise EagerRunFailed(
+            f"Running the model on its example inputs failed: {type(exc).__name__}: "
+            f"{source_map.scrub(str(exc))}",
+            stage=STAGE,
+            location=source_map.from_exception(exc),
+            details={"exception": type(exc).__name__},
+        ) from exc
+    finally:
+        if saved is not None:
+            _restore(module, saved)
+    return outputs, buffers
+
+
+_Snapshot = list[tuple[torch.nn.Module, str, str, torch.Tensor | None, torch.Tensor | None]]
+
+
+def _snapshot(module: torch.nn.Module) -> _Snapshot:
+    """The tensor objects of every parameter and buffer, with a copy of their values."""
+    saved: _Snapshot = []
+    for owner in module.modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, tensor in getattr(owner, kind).items():
+                value = None if tensor is None else tensor.detach().clone()
+                saved.append((owner, kind, name, tensor, value))
+    return saved
+
+
+def _restore(module: torch.nn.Module, saved: _Snapshot) -> None:
+    with torch.no_grad():
+        for owner, kind, name, tensor, value in saved:
+            getattr(owner, kind)[name] = tensor
+            if tensor is not None and value is not None:
+                tensor.copy_(value)

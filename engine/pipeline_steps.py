@@ -1,0 +1,269 @@
+"""The steps `engine.pipeline` takes around the stages: portability, recovery, reports.
+
+What `_export` calls beside the stages themselves: making inputs and outputs portable
+(`apply_portability`), the deferred eager reference run (`run_reference`), the dynamic-
+shapes suggestion and the draft-export issues for the report, keeping ops undecomposed
+until verification passes (`keep_ops_until_verified`) and the `verification_failed`
+error, the save → load round trip (`check_roundtrip`), the deployment targets
+(`convert_targets`) and writing the JSON documents.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import BaseModel
+
+from engine import decomposition, documents, draft, portability, roundtrip, verification
+from engine.eager import run_eager
+from engine.errors import ExportError, SerializationFailed, TargetFailed, VerificationFailed
+from engine.export_run import ExportRun
+from engine.model import LoadedModel
+from engine.shape_examples import suggest_spec
+from engine.shape_grammar import to_torch
+from schemas import ReportWarning, dynamic_shapes_adapter
+
+if TYPE_CHECKING:
+    from engine.pipeline import RoundtripRunner
+
+__all__ = [
+    "DRAFT_WORTHY",
+    "apply_portability",
+    "check_roundtrip",
+    "convert_targets",
+    "draft_section",
+    "keep_ops_until_verified",
+    "plain_options",
+    "run_reference",
+    "suggest_dynamic_shapes",
+    "unknown_output",
+    "verification_failed",
+    "write_json",
+]
+
+
+def convert_targets(
+    run: ExportRun,
+    artifacts: dict[str, Path],
+    ep: torch.export.ExportedProgram,
+    traced: torch.export.ExportedProgram,
+    pristine: torch.nn.Module,
+    loaded: LoadedModel,
+) -> None:
+    """The deployment targets asked for, each converted from the job's own programs and
+    verified in its runtime; a failed one is a `target_failed` warning, or the job's
+    error when `targets_required`."""
+    from engine import targets
+
+    options = run.request.options
+    wanted = [name for name in targets.ORDER if name in options.targets]
+    with run.step("converting", ", ".join(wanted)):
+        for index, name in enumerate(wanted):
+            run.emit(index / len(wanted), f"{name}: converting and verifying")
+            result = targets.run_target(
+                name,
+                program=ep,
+                traced=traced,
+                pristine=pristine,
+                args=loaded.args,
+                kwargs=loaded.kwargs,
+                out_dir=run.request.out_dir,
+                options=options,
+            )
+            run.targets[name] = result
+            if result.status == "succeeded" and result.artifact is not None:
+                artifacts[result.artifact] = run.request.out_dir / result.artifact
+                continue
+            error = result.error
+            message = error.message if error is not None else f"target {name} failed"
+            details = {**(error.details if error is not None else {}), "target": name}
+            if options.targets_required:
+                raise TargetFailed(
+                    message, hint=error.hint if error is not None else None, details=details
+                )
+            run.warnings.append(
+                ReportWarning(code="target_failed", message=message, details=details)
+            )
+
+
+def apply_portability(run: ExportRun, loaded: LoadedModel) -> portability.Portable:
+    made = portability.make_portable(
+        loaded.module,
+        loaded.args,
+        loaded.kwargs,
+        loaded.eager_outputs,
+        keep_types=not run.request.options.portable,
+    )
+    run.warnings.extend(made.warnings)
+    loaded.module, loaded.args, loaded.kwargs = made.module, made.args, made.kwargs
+    return made
+
+
+def keep_ops_until_verified(
+    run: ExportRun,
+    traced: torch.export.ExportedProgram,
+    decomposed: decomposition.Decomposed,
+    checked: Any,
+    loaded: LoadedModel,
+    pristine: torch.nn.Module,
+) -> tuple[tuple[torch.export.ExportedProgram, Any] | None, bool | None]:
+    """The decomposed program failed verification: when the traced one passes, keep the
+    fewest ops undecomposed that make it pass (`decomposition.keep_until_verified`).
+
+    Returns the program and its verification report (None when nothing was kept), and
+    whether the program before decomposition passed (None: not checked).
+    """
+    opts = run.request.options
+    if opts.decomposition.mode == "none" or not opts.decomposition.keep_failing_ops:
+        return None, None
+    args, kwargs = loaded.args, loaded.kwargs
+    if not verification.verify(traced, pristine, args, kwargs, opts.verify).passed:
+        return None, False  # the decomposition is not what breaks it
+    reports: dict[int, Any] = {}
+
+    def passes(trial: torch.export.ExportedProgram) -> bool:
+        reports[id(trial)] = verification.verify(trial, pristine, args, kwargs, opts.verify)
+        return reports[id(trial)].passed is True
+
+    failure = _first_failure(checked)
+    reason = failure.get("reason") or (
+        f"{failure.get('output')} differs by {failure.get('max_abs_error')}"
+        if failure.get("output")
+        else "verification failed"
+    )
+    kept = decomposition.keep_until_verified(
+        traced, opts.decomposition, decomposed, passes, failure=reason, example=(args, kwargs)
+    )
+    if kept is None:
+        return None, True
+    run.sections["decomposition"] = kept.report
+    run.sections["model"] = documents.model_summary(kept.ep)
+    run.warnings[:] = [w for w in run.warnings if w not in decomposed.warnings]
+    run.warnings.extend(kept.warnings)
+    return (kept.ep, reports[id(kept.ep)]), True
+
+
+def verification_failed(checked: Any, undecomposed_passed: bool | None) -> VerificationFailed:
+    details = _first_failure(checked)
+    reason = str(details.get("reason") or "")
+    if reason.startswith(verification.EXPORTED_RAISED):
+        message = (
+            f"The exported program raised on sample {details['sample']!r}: "
+            + reason[len(verification.EXPORTED_RAISED) :]
+        )
+    else:
+        message = "The exported program's outputs differ from eager PyTorch beyond the tolerance."
+    hint = (
+        "Look at the verification table; raise verify.atol/rtol if the difference is "
+        "numerical noise, or check for randomness or state the export did not capture."
+    )
+    if undecomposed_passed:
+        details["undecomposed_passed"] = True
+        hint = (
+            "The program before decomposition passed and no set of ops kept undecomposed "
+            'fixed it: use decomposition.mode "none", or preserve the ops involved.'
+        )
+    return VerificationFailed(message, hint=hint, details=details)
+
+
+def suggest_dynamic_shapes(run: ExportRun, source: str) -> None:
+    """Propose a spec in the report when the export had none (from the inputs alone)."""
+    if source == "none":
+        suggested = suggest_spec(run.sections.get("inputs", []))
+        if suggested is not None:
+            run.sections[
+                "tracing"
+            ].dynamic_shapes.suggested = dynamic_shapes_adapter.validate_python(suggested)
+
+
+def unknown_output(exc: ExportError) -> bool:
+    """Whether tracing failed on an output of a type pytree does not know."""
+    text = f"{exc} {exc.__cause__}"
+    return "in output, which is not a known type" in text
+
+
+def run_reference(loaded: LoadedModel) -> None:
+    """The eager reference run, when load did not do it; raises `eager_run_failed`."""
+    if loaded.eager_outputs is None:
+        loaded.eager_outputs, loaded.eager_buffers = run_eager(
+            loaded.module, loaded.args, loaded.kwargs, loaded.source_map
+        )
+
+
+DRAFT_WORTHY = frozenset(
+    {"data_dependent", "dynamic_shape_violation", "missing_fake_kernel", "unsupported_python"}
+)
+"""Tracing failures after which draft export finds more (and every) issue."""
+
+
+def draft_section(loaded: LoadedModel, spec: Any, source: str) -> list[Any]:
+    """draft_export's issue list; non-strict, since strict drafts stop at graph breaks."""
+    if source == "options":
+        try:
+            spec = to_torch(spec, loaded.module, loaded.args, loaded.kwargs)
+        except ExportError:
+            spec = None
+    return draft.draft_issues(loaded, spec, strict=False)
+
+
+def check_roundtrip(
+    run: ExportRun,
+    ep: torch.export.ExportedProgram,
+    loaded: LoadedModel,
+    program: Path,
+    runner: RoundtripRunner,
+) -> None:
+    payload = run.request.work_dir / "roundtrip-payload.pt"
+    with torch.no_grad():
+        expected = ep.module()(*copy.deepcopy(loaded.args), **copy.deepcopy(loaded.kwargs))
+    roundtrip.write_payload(payload, loaded.args, loaded.kwargs, expected)
+    check = runner(program, payload)
+    verification_report = run.sections.get("verification")
+    if verification_report is not None:
+        verification_report.roundtrip = check
+    if check.status == "failed":
+        raise SerializationFailed(
+            "The saved program.pt2 did not load and run the same in a fresh process: "
+            + (check.reason or "outputs differ"),
+            hint="A deployment loading this file would fail the same way. Keep inputs and "
+            "outputs to tensors and plain containers (leave `portable` on).",
+            details={"bitwise_equal": check.bitwise_equal, "reason": check.reason},
+        )
+
+
+def _first_failure(checked: Any) -> dict[str, Any]:
+    for sample in checked.samples:
+        if sample.status == "failed" and not any(
+            not out.passed for out in [*sample.outputs, *sample.buffers]
+        ):
+            return {"sample": sample.label, "reason": sample.reason}
+        for out in [*sample.outputs, *sample.buffers]:
+            if not out.passed:
+                return {
+                    "sample": sample.label,
+                    "output": out.path,
+                    "max_abs_error": out.max_abs_error,
+                    "max_rel_error": out.max_rel_error,
+                    "atol": out.atol,
+                    "rtol": out.rtol,
+                }
+    return {}
+
+
+def plain_options(spec: Any) -> Any:
+    """The JSON form of an options value that may hold pydantic models."""
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json", exclude_none=True)
+    if isinstance(spec, dict):
+        return {key: plain_options(value) for key, value in spec.items()}
+    if isinstance(spec, list):
+        return [plain_options(value) for value in spec]
+    return spec
+
+
+def write_json(path: Path, document: BaseModel, artifacts: dict[str, Path]) -> None:
+    path.write_text(document.model_dump_json(indent=2))
+    artifacts[path.name] = path
