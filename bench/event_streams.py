@@ -100,6 +100,7 @@ async def run_mode(reload_s: float, streams: int, gets: int) -> dict[str, float]
         "TORCHPORT_BROKER_URL": REDIS,
         "TORCHPORT_BROKER_KEY_PREFIX": prefix,
         "TORCHPORT_AUTO_MIGRATE": "false",
+        "TORCHPORT_REAPER_INTERVAL_S": "3600",  # this process plays a silent worker
         "TORCHPORT_RATE_LIMIT_PER_MINUTE": "100000",
         "TORCHPORT_MAX_CONCURRENT_JOBS": "100000",
         "TORCHPORT_MAX_STREAMS_PER_KEY": "100000",
@@ -172,7 +173,13 @@ async def run_mode(reload_s: float, streams: int, gets: int) -> dict[str, float]
                 count = len(seen[probe])
                 sent = time.monotonic()
                 await asyncio.to_thread(
-                    record_stage, sessions, probe, "bench", stage="tracing", status=f"s{i}"
+                    record_stage,
+                    sessions,
+                    probe,
+                    "bench",
+                    stage="tracing",
+                    status="progress",
+                    message=f"s{i}",
                 )
                 while len(seen[probe]) == count:
                     await asyncio.sleep(0.0005)
