@@ -34,8 +34,6 @@ from worker.sandbox.supervisor import Watch
 
 __all__ = ["describe_disk", "finish", "list_layers", "map_error", "run_unconfined"]
 
-_BUG_HINT = "This is a bug in torchport, not in your model; please report it."
-
 
 def finish(
     job: SandboxJob,
@@ -66,17 +64,9 @@ def finish(
             assert taken is not None  # only a copy is ever declined
             report, found = taken.report, taken.files
         except Untrusted as exc:
-            error = ErrorBody(
-                code="internal_error",
-                message=f"The job's results were rejected: {exc}",
-                hint=_BUG_HINT,
-            )
+            error = error_body("internal_error", f"The job's results were rejected: {exc}")
     if error is not None or report is None:
-        error = error or ErrorBody(
-            code="internal_error",
-            message="The job ended without a report.",
-            hint=_BUG_HINT,
-        )
+        error = error or error_body("internal_error", "The job ended without a report.")
         report = _failed_report(error, time.perf_counter() - started)
         found = {}
     artifacts: dict[str, Path] = {}
