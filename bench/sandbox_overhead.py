@@ -136,7 +136,9 @@ def main() -> None:
         job_dir = root / f"sandboxed-{next(counter)}"
         started = time.perf_counter()
         result = runner.run(
-            SandboxJob(model=path, inputs=None, weights=None, options={}, job_dir=job_dir)
+            SandboxJob(
+                model=path, inputs=None, weights=None, options=ExportOptions(), job_dir=job_dir
+            )
         )
         elapsed = time.perf_counter() - started
         assert result.report.status == "succeeded", result.error

@@ -226,12 +226,13 @@ def warm_sandbox(runs: int) -> list[float]:
         from pathlib import Path
         from worker.sandbox import SandboxRunner, SandboxSettings
         from worker.sandbox.settings import SandboxJob
+        from schemas import ExportOptions
         times = []
         with SandboxRunner(SandboxSettings()) as runner:
             for i in range({runs} + 1):
                 d = Path(tempfile.mkdtemp())
                 job = SandboxJob(model=Path({str(MODEL)!r}), inputs=None, weights=None,
-                                 options={{}}, job_dir=d)
+                                 options=ExportOptions(), job_dir=d)
                 t0 = time.perf_counter()
                 result = runner.run(job)
                 times.append(time.perf_counter() - t0)

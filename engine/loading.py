@@ -42,6 +42,7 @@ from engine.source_map import SourceMap
 from engine.upload_import import import_entry
 from engine.weights import load_weights
 from schemas import ExportOptions
+from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
 
 __all__ = [
     "MAX_ZIP_BYTES",
@@ -62,10 +63,10 @@ __all__ = [
 
 STAGE = "loading"
 
-MAX_ZIP_FILES = 10_000
-"""Most entries a model zip may hold."""
-MAX_ZIP_BYTES = 256 * 1024 * 1024
-"""Most bytes a model zip may unpack to (weights travel separately)."""
+MAX_ZIP_FILES = ZIP_MAX_ENTRIES
+"""Most entries a model zip may hold (the contract's, `schemas.limits`)."""
+MAX_ZIP_BYTES = ZIP_MAX_UNPACKED_BYTES
+"""Most bytes a model zip may unpack to (the contract's, `schemas.limits`)."""
 
 _COPY_CHUNK = 1024 * 1024
 _IGNORED_ZIP_DIRS = frozenset({"__MACOSX"})

@@ -62,6 +62,7 @@ __all__ = [
     "ExportRequest",
     "ExportResult",
     "ProgressCallback",
+    "ReportHook",
     "RoundtripPrefetch",
     "RoundtripRunner",
     "run_export",
@@ -72,6 +73,7 @@ __all__ = [
 ProgressCallback = Callable[[Progress], None]
 RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
 RoundtripPrefetch = Callable[[Path], None]
+ReportHook = Callable[[ReportDocument], None]
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def run_export(
     progress: ProgressCallback | None = None,
     roundtrip_runner: RoundtripRunner | None = None,
     roundtrip_prefetch: RoundtripPrefetch | None = None,
+    finish_report: ReportHook | None = None,
 ) -> ExportResult:
     """Export the uploaded model; the report says how it went, whatever happened.
 
@@ -118,6 +121,9 @@ def run_export(
         roundtrip_prefetch: told the program's path as soon as it is saved, before the
             graph and signature documents and the payload are written, so that a loader
             in another process can load it meanwhile (the sandbox's does); optional.
+        finish_report: given the report before it is written, to add what only the
+            caller knows (the sandbox's job child: attempts it saw); `report.json` is
+            written once, after it.
     """
     started = time.perf_counter()
     request.out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,6 +178,8 @@ def run_export(
         ),
         duration_s=time.perf_counter() - started,
     )
+    if finish_report is not None:
+        finish_report(report)
     report_path = request.out_dir / REPORT
     report_path.write_text(report.model_dump_json(indent=2))
     artifacts[REPORT] = report_path

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from persistence.database import transaction
 from persistence.models import Artifact, Job, StageEventRow, utcnow
-from persistence.records import next_seq
-from schemas import ErrorBody
+from persistence.records import job_spec, next_seq
+from schemas import ErrorBody, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +106,9 @@ class ClaimedJob:
     """What a worker needs to run a job it claimed."""
 
     id: str
-    options_json: str
     attempt: int
-    model_sha256: str
-    model_name: str
-    inputs_sha256: str | None
-    inputs_name: str | None
-    weights_sha256: str | None
-    weights_name: str | None
+    spec: JobSpec
+    """The job's description, typed (`persistence.records.job_spec`)."""
 
 
 def mark_unsent(sessions: sessionmaker[Session], job_id: str) -> None:
@@ -178,17 +173,7 @@ def claim(sessions: sessionmaker[Session], job_id: str, worker: str) -> ClaimedJ
         job = session.get(Job, job_id)
         assert job is not None
         add_event(session, job_id, "running", stage=None)
-        return ClaimedJob(
-            id=job.id,
-            options_json=job.options_json,
-            attempt=job.attempts,
-            model_sha256=job.model_sha256,
-            model_name=job.model_name,
-            inputs_sha256=job.inputs_sha256,
-            inputs_name=job.inputs_name,
-            weights_sha256=job.weights_sha256,
-            weights_name=job.weights_name,
-        )
+        return ClaimedJob(id=job.id, attempt=job.attempts, spec=job_spec(job))
 
 
 def record_stage(

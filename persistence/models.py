@@ -79,6 +79,8 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default="queued")
     stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
     options_json: Mapped[str] = mapped_column(Text)
+    """The job's `ExportOptions` (`JobSpec.options`) as JSON."""
+    callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
     error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     cache_key: Mapped[str] = mapped_column(String(64))
     cache_hit: Mapped[bool] = mapped_column(Boolean, default=False)

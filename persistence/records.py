@@ -4,13 +4,25 @@ an artifact's media type. The API's own job operations (submit, list, cancel) ar
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from persistence.models import Job, StageEventRow
-from schemas import ArtifactRef, ErrorBody, ExportOptions, JobPublic, StageEvent, WebhookDelivery
+from schemas import (
+    ArtifactRef,
+    ErrorBody,
+    ExportOptions,
+    JobPublic,
+    JobSpec,
+    JobUploads,
+    StageEvent,
+    SubmittedOptions,
+    UploadRef,
+    WebhookDelivery,
+)
 
 MEDIA_TYPES = {".json": "application/json", ".pt2": "application/zip"}
 """Content types of artifacts by suffix; anything else is application/octet-stream."""
@@ -30,6 +42,38 @@ def load_job(session: Session, job_id: str) -> Job | None:
     )
 
 
+def record_spec(job: Job, spec: JobSpec) -> None:
+    """Write a job's description into its row (the columns are the stored `JobSpec`)."""
+    job.options_json = spec.options.model_dump_json()
+    job.callback_url = spec.callback_url
+    uploads = spec.uploads
+    job.model_sha256, job.model_name = uploads.model.sha256, uploads.model.name
+    job.inputs_sha256 = uploads.inputs.sha256 if uploads.inputs else None
+    job.inputs_name = uploads.inputs.name if uploads.inputs else None
+    job.weights_sha256 = uploads.weights.sha256 if uploads.weights else None
+    job.weights_name = uploads.weights.name if uploads.weights else None
+
+
+def job_spec(job: Job) -> JobSpec:
+    """A job's description, read back from its row: the one typed `JobSpec` a worker
+    runs (parsed once, here; the API validated it when the job was submitted)."""
+
+    def ref(name: str | None, sha256: str | None) -> UploadRef | None:
+        return None if name is None or sha256 is None else UploadRef(name=name, sha256=sha256)
+
+    model = ref(job.model_name, job.model_sha256)
+    assert model is not None, "a job row always has its model"
+    return JobSpec(
+        uploads=JobUploads(
+            model=model,
+            inputs=ref(job.inputs_name, job.inputs_sha256),
+            weights=ref(job.weights_name, job.weights_sha256),
+        ),
+        options=ExportOptions.model_validate_json(job.options_json),
+        callback_url=job.callback_url,
+    )
+
+
 def to_public(job: Job) -> JobPublic:
     """The API view of a job whose events and artifacts are loaded."""
     webhook = None
@@ -46,7 +90,10 @@ def to_public(job: Job) -> JobPublic:
         status=job.status,
         stage=job.stage,
         stages=[event_to_public(e) for e in job.events],
-        options=ExportOptions.model_validate_json(job.options_json),
+        options=SubmittedOptions.model_validate(
+            {**json.loads(job.options_json), "callback_url": job.callback_url}
+        ),
+        callback_url=job.callback_url,
         error=ErrorBody.model_validate_json(job.error_json) if job.error_json else None,
         artifacts=[
             ArtifactRef(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type)

@@ -10,12 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.limits import MAX_TIMEOUT_S
+
 DEFAULT_DATA_DIR = Path.home() / ".torchport"
-MAX_JOB_TIMEOUT_S = 24 * 3600
-"""The largest `timeout_s` an export may ask for (schemas.ExportOptions)."""
+MAX_JOB_TIMEOUT_S = MAX_TIMEOUT_S
+"""The largest `timeout_s` an export may ask for (`schemas.limits`)."""
 
 
 class CommonSettings(BaseSettings):
@@ -79,6 +82,21 @@ class CommonSettings(BaseSettings):
                 "TORCHPORT_HEARTBEAT_TIMEOUT_S must be over 3x TORCHPORT_HEARTBEAT_INTERVAL_S"
             )
         return self
+
+    @classmethod
+    def variables(cls) -> dict[str, FieldInfo]:
+        """Every environment variable this class reads, with its field: a nested model
+        (`WorkerSettings.sandbox`) is one variable per field of it, `TORCHPORT_SANDBOX_<NAME>`."""
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        found: dict[str, FieldInfo] = {}
+        for name, info in cls.model_fields.items():
+            nested = info.annotation
+            if isinstance(nested, type) and issubclass(nested, BaseModel):
+                for sub, sub_info in nested.model_fields.items():
+                    found[f"{prefix}{name}_{sub}".upper()] = sub_info
+            else:
+                found[f"{prefix}{name}".upper()] = info
+        return found
 
     @property
     def resolved_database_url(self) -> str:

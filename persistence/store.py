@@ -78,7 +78,8 @@ class ArtifactStore(Protocol):
         """Store a copy of the file's bytes; returns (sha256, size). Idempotent.
 
         `own`: the file is a private one this process wrote and will delete (an upload it
-        received), so a local store may take it over instead of copying it."""
+        received, an artifact the worker copied out of a job's reach), whose `sha256` it
+        computed as it wrote it, so a local store may take it over instead of copying it."""
         ...
 
     def exists(self, sha256: str) -> bool:
@@ -94,7 +95,7 @@ class ArtifactStore(Protocol):
         ...
 
     def fetch(self, sha256: str, dest: Path) -> None:
-        """Copy a blob to a local file."""
+        """Copy a blob to a new local file of its own (never a link to the blob)."""
         ...
 
     def check(self) -> None:
@@ -123,9 +124,10 @@ class LocalStore:
         The bytes are copied (and hashed while copied), never linked: a job's output is
         owned by the job's uid with the mode the job chose (02777, say), and a hard link
         would make that inode the blob every later identical file reuses. Only with
-        `own` (an upload this process received into its private temporary directory) is
-        the file linked, and only when it is a regular file of this process's uid with no
-        other link. A stored blob that is not such a file (left by an older version) is
+        `own` and its digest (an upload this process received into its private temporary
+        directory, an artifact the worker copied out of a job's reach) is the file linked,
+        neither copied nor hashed again, and only when it is a regular file of this
+        process's uid with no other link. A stored blob that is not such a file (left by an older version) is
         replaced.
         """
         if own and sha256 is not None:
@@ -233,13 +235,11 @@ class LocalStore:
         return path
 
     def fetch(self, sha256: str, dest: Path) -> None:
-        """Copy (or hard-link) a blob to `dest`."""
+        """Copy a blob to `dest`: a copy, never a link (`dest` may be handed to a job's
+        uid, and a link would hand it the blob every identical upload shares)."""
         source = self.local_path(sha256)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, dest)
-        except OSError:
-            shutil.copyfile(source, dest)
+        shutil.copyfile(source, dest)
 
     def check(self) -> None:
         """Raise StoreError unless the directory is writable."""

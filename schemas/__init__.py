@@ -28,11 +28,22 @@ from schemas.graph import (
     RangeConstraint,
     TensorMeta,
 )
-from schemas.job import ArtifactRef, JobPublic, JobStatus, StageEvent, WebhookDelivery
+from schemas.job import (
+    JOB_SPEC_VERSION,
+    ArtifactRef,
+    JobPublic,
+    JobSpec,
+    JobStatus,
+    JobUploads,
+    StageEvent,
+    UploadRef,
+    WebhookDelivery,
+)
 from schemas.options import (
     AotiOptions,
     DecompositionOptions,
     ExportOptions,
+    SubmittedOptions,
     TargetName,
     VerifyOptions,
 )
@@ -62,6 +73,7 @@ from schemas.signature import InputSpec, OutputSpec, PortabilityMapping, Signatu
 
 __all__ = [
     "ERROR_CODES",
+    "JOB_SPEC_VERSION",
     "MODEL_LIBRARIES",
     "SCHEMA_VERSION",
     "STAGES",
@@ -88,7 +100,9 @@ __all__ = [
     "InputSpec",
     "InputSummary",
     "JobPublic",
+    "JobSpec",
     "JobStatus",
+    "JobUploads",
     "LibraryInfo",
     "ModelSummary",
     "ModuleFrame",
@@ -107,11 +121,13 @@ __all__ = [
     "Stage",
     "StageEvent",
     "StageRecord",
+    "SubmittedOptions",
     "TargetName",
     "TargetResult",
     "TensorMeta",
     "TraceAttempt",
     "TracingReport",
+    "UploadRef",
     "VerificationReport",
     "VerifyOptions",
     "WebhookDelivery",

@@ -14,13 +14,14 @@ from pydantic import BaseModel
 from schemas.environment import EnvironmentList
 from schemas.errors import ErrorBody
 from schemas.graph import GraphDocument
-from schemas.job import JobPublic
-from schemas.options import ExportOptions
+from schemas.job import JobPublic, JobSpec
+from schemas.options import SubmittedOptions
 from schemas.report import ReportDocument
 from schemas.signature import SignatureDocument
 
 DOCUMENTS: dict[str, type[BaseModel]] = {
-    "options": ExportOptions,
+    "options": SubmittedOptions,
+    "job-spec": JobSpec,
     "error": ErrorBody,
     "graph": GraphDocument,
     "signature": SignatureDocument,

@@ -1,18 +1,87 @@
-"""Jobs as the REST API shows them (docs/contract.md §7)."""
+"""Jobs: the job description every layer passes on (`JobSpec`), and jobs as the REST API
+shows them (docs/contract.md §7).
+
+A job changes shape once per trust boundary: the API validates the form into a `JobSpec`
+(one `model_validate` of the whole description), the database keeps it, the worker reads
+it back typed and hands its options to the sandbox as they are, and the job child
+validates them again, since it trusts nothing it did not check.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas._base import StrictModel
 from schemas.errors import ErrorBody, Stage
-from schemas.options import ExportOptions
+from schemas.options import CallbackUrl, ExportOptions, SubmittedOptions
+
+JOB_SPEC_VERSION: Literal[1] = 1
+"""Version of `JobSpec`; a worker refuses a job of a version it does not know."""
+
+UPLOAD_ROLES = ("model", "inputs", "weights")
+"""The files of a job, in the order the form and the sandbox name them."""
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
 TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "canceled")
+
+
+class UploadRef(StrictModel):
+    """One uploaded file of a job: its (sanitized) name and its blob in the store."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int | None = Field(default=None, ge=0, description="Bytes; null when not recorded.")
+
+
+class JobUploads(StrictModel):
+    """The files of a job: the model, and optionally inputs and weights."""
+
+    model: UploadRef
+    inputs: UploadRef | None = None
+    weights: UploadRef | None = None
+
+    def present(self) -> dict[str, UploadRef]:
+        """The uploaded files by role (`UPLOAD_ROLES`), without the absent ones."""
+        return {role: ref for role in UPLOAD_ROLES if (ref := getattr(self, role)) is not None}
+
+
+class JobSpec(StrictModel):
+    """One export job as the API accepted it and a worker runs it: what to export (the
+    uploads, by content), how (`options`, all the engine sees) and who to tell when it
+    ends (`callback_url`, the job's, never the engine's)."""
+
+    version: Literal[1] = JOB_SPEC_VERSION
+    uploads: JobUploads
+    options: ExportOptions = Field(default_factory=ExportOptions)
+    callback_url: CallbackUrl | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _callback_out_of_options(cls, data: Any) -> Any:
+        """`options.callback_url` (deprecated) is the job's `callback_url`; both given
+        and different is refused."""
+        if not isinstance(data, dict) or not isinstance(data.get("options"), dict):
+            return data
+        options = dict(data["options"])
+        if "callback_url" not in options:
+            return data
+        legacy = options.pop("callback_url")
+        given = data.get("callback_url")
+        if legacy is not None and given is not None and legacy != given:
+            raise ValueError(
+                "callback_url and options.callback_url differ: send only the callback_url field"
+            )
+        return {**data, "options": options, "callback_url": given if given is not None else legacy}
+
+    def submitted_options(self) -> SubmittedOptions:
+        """The options as the API echoes them: with the job's callback URL in the
+        deprecated `options.callback_url`, as it was always shown."""
+        return SubmittedOptions.model_validate(
+            {**self.options.model_dump(mode="json"), "callback_url": self.callback_url}
+        )
 
 
 class StageEvent(StrictModel):
@@ -35,7 +104,7 @@ class ArtifactRef(StrictModel):
 
 
 class WebhookDelivery(StrictModel):
-    """How the completion callback (`options.callback_url`) went."""
+    """How the completion callback (`callback_url`) went."""
 
     status: Literal["pending", "delivered", "failed"]
     attempts: int = 0
@@ -51,7 +120,12 @@ class JobPublic(StrictModel):
     status: JobStatus
     stage: Stage | None = None
     stages: list[StageEvent] = Field(default_factory=list)
-    options: ExportOptions
+    options: SubmittedOptions
+    callback_url: str | None = Field(
+        default=None,
+        description="Where the job body is POSTed when the job ends (the `callback_url` "
+        "form field, or the deprecated `options.callback_url`); null for none.",
+    )
     error: ErrorBody | None = None
     artifacts: list[ArtifactRef] = Field(default_factory=list)
     cache_hit: bool = False

@@ -1,4 +1,9 @@
-"""Export options (docs/contract.md §2): every field optional, unknown fields refused."""
+"""Export options (docs/contract.md §2): every field optional, unknown fields refused.
+
+`ExportOptions` is what shapes an export, all the engine sees. `SubmittedOptions` is the
+`options` field as the API has always accepted it: the same, plus the deprecated
+`callback_url`, which belongs to the job (`schemas.job.JobSpec`), not to the export.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from schemas._base import StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
+from schemas.limits import CALLBACK_URL_MAX_LENGTH, MAX_TIMEOUT_S
 
 
 class DecompositionOptions(StrictModel):
@@ -101,15 +107,8 @@ class ExportOptions(StrictModel):
         description="pip-style requirements the worker must meet before the upload runs, e.g. "
         '"transformers>=4.40"; an unmet one fails the job with `environment_mismatch`.',
     )
-    timeout_s: Annotated[float, Field(gt=0, le=24 * 3600)] = 600
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 600
     memory_mb: Annotated[int, Field(ge=256, le=1024 * 1024)] = 8192
-    callback_url: Annotated[str | None, Field(max_length=2048, pattern=r"^https?://")] = Field(
-        default=None,
-        description=(
-            "Service only: on completion, the job body is POSTed here, signed with "
-            "HMAC-SHA256 in the `X-Torchport-Signature` header."
-        ),
-    )
 
     @field_validator("requires")
     @classmethod
@@ -136,3 +135,23 @@ class ExportOptions(StrictModel):
         if self.decomposition.mode != "custom" and self.decomposition.decompose:
             raise ValueError("decomposition.decompose is only used with mode 'custom'")
         return self
+
+
+CallbackUrl = Annotated[str, Field(max_length=CALLBACK_URL_MAX_LENGTH, pattern=r"^https?://")]
+"""Where a job's completion callback is POSTed (docs/contract.md §7)."""
+
+
+class SubmittedOptions(ExportOptions):
+    """The `options` form field of `POST /v1/exports`: the export options, plus the
+    deprecated `callback_url`, taken out into the job when it is submitted."""
+
+    callback_url: CallbackUrl | None = Field(
+        default=None,
+        deprecated="Send the `callback_url` form field instead; this one is still accepted "
+        "and moved to the job's `callback_url`.",
+        description=(
+            "Deprecated: the `callback_url` form field of the job. Service only: on "
+            "completion, the job body is POSTed here, signed with HMAC-SHA256 in the "
+            "`X-Torchport-Signature` header."
+        ),
+    )

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from persistence.store import ArtifactStore, LocalStore
+from schemas.limits import ZIP_MAX_ENTRIES
 from service.errors import InvalidRequest, NotFound, UploadTooLarge
 
 _UNREADABLE = (
@@ -35,7 +36,7 @@ _UNREADABLE = (
 
 MAX_MEMBER_BYTES = 1024 * 1024
 """Largest member served: source files, not the weights someone zipped along."""
-MAX_ENTRIES = 10_000
+MAX_ENTRIES = ZIP_MAX_ENTRIES
 """Most entries an uploaded model zip may have (checked before `zipfile` parses it)."""
 
 

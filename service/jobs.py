@@ -18,15 +18,17 @@ from importlib import metadata
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from persistence.queue import queue_for
-from persistence.records import next_seq
+from persistence.records import next_seq, record_spec
 from persistence.store import ArtifactStore
-from schemas import ExportOptions
+from schemas import ExportOptions, JobSpec
 from schemas.job import TERMINAL_STATUSES
+from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
 from schemas.outcomes import canceled, validation_items
 from service import archives
 from service.auth import Caller
@@ -36,9 +38,6 @@ from service.uploads import UploadedForm
 MODEL_SUFFIXES = (".py", ".zip")
 INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
 WEIGHTS_SUFFIXES = (".safetensors", ".pt")
-ZIP_MAX_MEMBERS = archives.MAX_ENTRIES
-ZIP_MAX_EXPANSION = 64
-"""A zip may unpack to at most this many times the model limit (zip bombs)."""
 
 UPLOAD_FIELDS = ("model", "inputs", "weights")
 UPLOAD_MEDIA_TYPES = {".py": "text/x-python", ".zip": "application/zip"}
@@ -60,22 +59,16 @@ def engine_fingerprint() -> str:
     return ";".join(versions)
 
 
-def cache_key(
-    *,
-    model: str,
-    inputs: str | None,
-    weights: str | None,
-    options: ExportOptions,
-    fingerprint: str,
-) -> str:
-    """SHA-256 over the uploads' digests, the options that shape the result and versions."""
-    shaping = options.model_dump(mode="json", exclude={"callback_url"})
+def cache_key(spec: JobSpec, fingerprint: str) -> str:
+    """SHA-256 over the uploads' digests, the options (all of them shape the result; the
+    callback URL is the job's, not the options') and the versions."""
+    uploads = spec.uploads
     material = json.dumps(
         {
-            "model": model,
-            "inputs": inputs,
-            "weights": weights,
-            "options": shaping,
+            "model": uploads.model.sha256,
+            "inputs": uploads.inputs.sha256 if uploads.inputs else None,
+            "weights": uploads.weights.sha256 if uploads.weights else None,
+            "options": spec.options.model_dump(mode="json"),
             "engine": fingerprint,
         },
         sort_keys=True,
@@ -84,22 +77,41 @@ def cache_key(
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-def parse_options(text: str | None) -> ExportOptions:
-    """Validate the `options` field.
+def parse_job(form: UploadedForm) -> JobSpec:
+    """The job the form describes, validated once, whole: its options (the `options`
+    JSON field), its uploads and its callback URL (the `callback_url` field, or the
+    deprecated `options.callback_url`).
 
     Raises:
-        InvalidRequest: bad JSON or a field the schema refuses; `details.errors` lists each
-            field path (`options.verify.atol`) with the pydantic error type.
+        InvalidRequest: no model; options that are not a JSON object; a field the schema
+            refuses. `details.errors` lists each field path (`options.verify.atol`,
+            `callback_url`) with the pydantic error type.
     """
-    if text is None or not text.strip():
-        return ExportOptions()
+    model = form.files.get("model")
+    if model is None:
+        raise InvalidRequest("the `model` file is required", details={"field": "model"})
+    options: object = {}
+    if form.options is not None and form.options.strip():
+        try:
+            options = from_json(form.options)
+        except ValueError as exc:
+            item = {"field": "options", "type": "json_invalid", "message": f"Invalid JSON: {exc}"}
+            raise InvalidRequest("invalid options: options", details={"errors": [item]}) from exc
+    callback_url = form.callback_url.strip() if form.callback_url else None
+    described = {
+        "options": options,
+        "callback_url": callback_url or None,
+        "uploads": {
+            role: {"name": upload.filename, "sha256": upload.sha256, "size": upload.size}
+            for role, upload in form.files.items()
+        },
+    }
     try:
-        return ExportOptions.model_validate_json(text)
+        return JobSpec.model_validate(described)
     except ValidationError as exc:
-        errors = [
-            {**item, "field": ".".join(filter(None, ("options", item["field"])))}
-            for item in validation_items(exc.errors(include_url=False))
-        ]
+        errors = validation_items(exc.errors(include_url=False))
+        for error in errors:  # a check of the whole job (callback_url given twice)
+            error["field"] = error["field"] or "callback_url"
         fields = ", ".join(e["field"] for e in errors)
         raise InvalidRequest(f"invalid options: {fields}", details={"errors": errors}) from exc
 
@@ -113,18 +125,16 @@ def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> N
         )
 
 
-def validate_uploads(form: UploadedForm, options: ExportOptions, max_model_bytes: int) -> None:
-    """Check what can be checked without running anything: presence, types, encoding.
+def validate_uploads(form: UploadedForm, options: ExportOptions) -> None:
+    """Check what can be checked without running anything: types, encoding, zip limits.
 
     Blocking (reads the files): endpoints call it from a worker thread.
 
     Raises:
-        InvalidRequest: no model, a wrong file type, non-UTF-8 source, a broken zip or a
-            zip without the entry file.
+        InvalidRequest: a wrong file type, non-UTF-8 source, a broken zip or a zip without
+            the entry file.
     """
-    model = form.files.get("model")
-    if model is None:
-        raise InvalidRequest("the `model` file is required", details={"field": "model"})
+    model = form.files["model"]
     _check_suffix(form, "model", MODEL_SUFFIXES)
     _check_suffix(form, "inputs", INPUTS_SUFFIXES)
     _check_suffix(form, "weights", WEIGHTS_SUFFIXES)
@@ -139,17 +149,25 @@ def validate_uploads(form: UploadedForm, options: ExportOptions, max_model_bytes
                 details={"field": "model", "reason": "not_utf8", "offset": exc.start},
             ) from exc
         return
-    _validate_zip(model.path, options.entry, max_model_bytes)
+    _validate_zip(model.path, options.entry)
 
 
-def _validate_zip(path: Path, entry: str | None, max_model_bytes: int) -> None:
+def _validate_zip(path: Path, entry: str | None) -> None:
+    """The contract's zip limits (`schemas.limits`), the ones the engine unpacks with, so
+    a zip taken here is never refused for its size later."""
     too_many = InvalidRequest(
-        "model zip unpacks to too much", details={"field": "model", "reason": "zip_too_large"}
+        "model zip unpacks to too much",
+        details={
+            "field": "model",
+            "reason": "zip_too_large",
+            "max_entries": ZIP_MAX_ENTRIES,
+            "max_unpacked_bytes": ZIP_MAX_UNPACKED_BYTES,
+        },
     )
     try:
         # Counted from the end record before zipfile parses every entry (zip bombs of
         # entries: 312k of them fit in 16 MiB and take seconds to parse).
-        if archives.count_entries(path, ZIP_MAX_MEMBERS) > ZIP_MAX_MEMBERS:
+        if archives.count_entries(path, ZIP_MAX_ENTRIES) > ZIP_MAX_ENTRIES:
             raise too_many
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
@@ -157,9 +175,7 @@ def _validate_zip(path: Path, entry: str | None, max_model_bytes: int) -> None:
         raise InvalidRequest(
             "model is not a readable zip", details={"field": "model", "reason": "bad_zip"}
         ) from exc
-    if len(members) > ZIP_MAX_MEMBERS or sum(m.file_size for m in members) > (
-        ZIP_MAX_EXPANSION * max_model_bytes
-    ):
+    if len(members) > ZIP_MAX_ENTRIES or sum(m.file_size for m in members) > ZIP_MAX_UNPACKED_BYTES:
         raise too_many
     names = {m.filename for m in members}
     if any(name.startswith("/") or ".." in Path(name).parts for name in names):
@@ -196,7 +212,7 @@ def submit(
     session: Session,
     store: ArtifactStore,
     form: UploadedForm,
-    options: ExportOptions,
+    spec: JobSpec,
     caller: Caller,
     *,
     max_concurrent_jobs: int,
@@ -210,16 +226,7 @@ def submit(
     Raises:
         RateLimited: the caller's key already has `max_concurrent_jobs` queued or running.
     """
-    model = form.files["model"]
-    inputs = form.files.get("inputs")
-    weights = form.files.get("weights")
-    key = cache_key(
-        model=model.sha256,
-        inputs=inputs.sha256 if inputs else None,
-        weights=weights.sha256 if weights else None,
-        options=options,
-        fingerprint=fingerprint,
-    )
+    key = cache_key(spec, fingerprint)
     owner = _owner_filter(caller)
     if caller.key_id is not None:
         # One submission per key at a time, whichever API replica takes it: the in-flight
@@ -241,21 +248,15 @@ def submit(
     job = Job(
         id=_new_id(),
         owner_id=caller.key_id,
-        options_json=options.model_dump_json(),
         cache_key=key,
-        queue=queue_for(options.device).value,
-        model_sha256=model.sha256,
-        model_name=model.filename,
-        inputs_sha256=inputs.sha256 if inputs else None,
-        inputs_name=inputs.filename if inputs else None,
-        weights_sha256=weights.sha256 if weights else None,
-        weights_name=weights.filename if weights else None,
+        queue=queue_for(spec.options.device).value,
         created_at=now,
         attempts=0,
         cancel_requested=False,
         webhook_attempts=0,
-        webhook_status="pending" if options.callback_url else None,
+        webhook_status="pending" if spec.callback_url else None,
     )
+    record_spec(job, spec)
     if earlier is not None:
         job.status = "succeeded"
         job.cache_hit = True

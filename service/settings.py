@@ -11,6 +11,7 @@ from functools import cached_property
 from pydantic import Field
 
 from persistence.settings import MAX_JOB_TIMEOUT_S, CommonSettings
+from schemas.limits import CALLBACK_URL_MAX_LENGTH
 
 
 class ServiceSettings(CommonSettings):
@@ -80,4 +81,5 @@ class ServiceSettings(CommonSettings):
             "inputs": self.max_inputs_bytes,
             "weights": self.max_weights_bytes,
             "options": self.max_options_bytes,
+            "callback_url": 4 * CALLBACK_URL_MAX_LENGTH,
         }

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from service.errors import InvalidRequest, UploadTooLarge
 
 FILE_FIELDS = ("model", "inputs", "weights")
-TEXT_FIELDS = ("options",)
+TEXT_FIELDS = ("options", "callback_url")
 MULTIPART_OVERHEAD = 64 * 1024
 """Bytes of boundaries and part headers allowed on top of the field limits."""
 
@@ -43,6 +43,7 @@ class UploadedForm:
 
     files: dict[str, UploadedFile] = field(default_factory=dict)
     options: str | None = None
+    callback_url: str | None = None
 
 
 def safe_filename(name: str, default: str) -> str:
@@ -155,11 +156,12 @@ class _FormCollector:
             )
         else:
             try:
-                self.form.options = bytes(self._text).decode("utf-8")
+                text = bytes(self._text).decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise InvalidRequest(
-                    "options must be UTF-8 JSON", details={"field": "options"}
+                    f"{self._field} must be UTF-8", details={"field": self._field}
                 ) from exc
+            setattr(self.form, self._field, text)
 
     def _end(self) -> None:
         self.finished = True

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from schemas import ERROR_CODES, ExportOptions, outcomes
+from schemas import ERROR_CODES, SubmittedOptions, outcomes
 from service.app import create_app
 from service.errors import ERROR_CLASSES
 from service.settings import ServiceSettings
@@ -124,9 +124,9 @@ def test_the_catalogue_gives_the_status_of_the_error_table() -> None:
 
 
 def _option_fields() -> dict[str, Any]:
-    """Every field of ExportOptions, nested ones dotted, with its default."""
+    """Every field of the `options` a user sends, nested ones dotted, with its default."""
     fields: dict[str, Any] = {}
-    for name, info in ExportOptions.model_fields.items():
+    for name, info in SubmittedOptions.model_fields.items():
         default = info.get_default(call_default_factory=True)
         fields[name] = default
         if isinstance(default, BaseModel):
@@ -152,7 +152,7 @@ def test_the_options_table_gives_each_default() -> None:
 def test_the_options_example_is_the_defaults() -> None:
     block = re.search(r"```json\n(.*?)```", section(2), re.S)
     assert block
-    assert json.loads(block.group(1)) == ExportOptions().model_dump(mode="json")
+    assert json.loads(block.group(1)) == SubmittedOptions().model_dump(mode="json")
 
 
 # ----------------------------------------------------------------------------- warnings

@@ -23,11 +23,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import EnvironmentList, ErrorBody, JobPublic, StageEvent
 from schemas.job import TERMINAL_STATUSES
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+class ClientSettings(BaseSettings):
+    """What a client takes from its environment when not told: `TORCHPORT_SERVER`,
+    `TORCHPORT_API_KEY` (docs/configuration.md)."""
+
+    model_config = SettingsConfigDict(env_prefix="TORCHPORT_", extra="ignore")
+
+    server: str = Field(default=DEFAULT_SERVER, description="The torchport server's URL.")
+    api_key: str | None = Field(default=None, description="The API key sent as a bearer token.")
 
 
 class TorchportError(Exception):
@@ -193,8 +205,9 @@ class Client:
     def __init__(
         self, server: str | None = None, api_key: str | None = None, timeout: float = 60.0
     ) -> None:
-        self.server = (server or os.environ.get("TORCHPORT_SERVER") or DEFAULT_SERVER).rstrip("/")
-        key = api_key or os.environ.get("TORCHPORT_API_KEY")
+        defaults = ClientSettings()
+        self.server = (server or defaults.server or DEFAULT_SERVER).rstrip("/")
+        key = api_key or defaults.api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
 
@@ -215,8 +228,10 @@ class Client:
         inputs: str | os.PathLike[str] | None = None,
         weights: str | os.PathLike[str] | None = None,
         options: dict[str, Any] | str | os.PathLike[str] | None = None,
+        callback_url: str | None = None,
     ) -> Job:
-        """Upload a model (and optional inputs, weights, options); returns the job."""
+        """Upload a model (and optional inputs, weights, options, the URL POSTed the job
+        when it ends); returns the job."""
         files = {}
         with contextlib.ExitStack() as stack:
             for field, path in (("model", model), ("inputs", inputs), ("weights", weights)):
@@ -228,6 +243,8 @@ class Client:
             options_text = _as_json(options)
             if options_text is not None:
                 data["options"] = options_text
+            if callback_url is not None:
+                data["callback_url"] = callback_url
             try:
                 response = self._http.post("/v1/exports", files=files, data=data)
             except httpx.TransportError as exc:

@@ -6,7 +6,6 @@ The Celery task (`worker.tasks`) only adds retries and bookkeeping around `execu
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -27,12 +26,15 @@ from persistence.lifecycle import ClaimedJob, StoredArtifact, claim, finish, hea
 from persistence.models import Job
 from persistence.notices import make_publisher, publish_after_commit
 from persistence.records import media_type_for
-from persistence.store import ArtifactStore, open_store
-from schemas import ErrorBody, ReportDocument
+from persistence.store import ArtifactStore, StoreError, open_store
+from schemas import ErrorBody, ReportDocument, UploadRef
 from schemas.outcomes import canceled
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
+
+STORE_ERRORS = (StoreError, ConnectionError, TimeoutError)
+"""Errors of the store (fetching an upload while the job is staged): the task retries."""
 
 _ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PROGRESS_MIN_INTERVAL_S = 0.5
@@ -165,19 +167,35 @@ class _ProgressRecorder:
             logger.warning("could not record progress of %s", self.job_id, exc_info=True)
 
 
-def _fetch_uploads(store: ArtifactStore, claimed: ClaimedJob, upload_dir: Path) -> dict[str, Path]:
-    files: dict[str, Path] = {}
-    for role, sha, name in (
-        ("model", claimed.model_sha256, claimed.model_name),
-        ("inputs", claimed.inputs_sha256, claimed.inputs_name),
-        ("weights", claimed.weights_sha256, claimed.weights_name),
-    ):
-        if sha is None or name is None:
-            continue
-        target = upload_dir / role / name
-        store.fetch(sha, target)
-        files[role] = target
-    return files
+@dataclass(frozen=True)
+class StoredUpload:
+    """An upload of a claimed job, fetched from the store straight into the job's
+    staging directory when the sandbox stages it (`worker.sandbox.UploadSource`)."""
+
+    store: ArtifactStore
+    ref: UploadRef
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    def copy_to(self, target: Path) -> None:
+        self.store.fetch(self.ref.sha256, target)
+
+
+def sandbox_job(context: WorkerContext, claimed: ClaimedJob, job_dir: Path) -> Any:
+    """The sandbox's job for a claimed job: its typed options (never re-validated) and
+    its uploads as store blobs the sandbox fetches into the job's staging."""
+    from worker.sandbox import SandboxJob
+
+    uploads = claimed.spec.uploads
+    return SandboxJob(
+        model=StoredUpload(context.store, uploads.model),
+        inputs=StoredUpload(context.store, uploads.inputs) if uploads.inputs else None,
+        weights=StoredUpload(context.store, uploads.weights) if uploads.weights else None,
+        options=claimed.spec.options,
+        job_dir=job_dir,
+    )
 
 
 def store_artifacts(
@@ -188,10 +206,11 @@ def store_artifacts(
 ) -> list[StoredArtifact]:
     """Put the sandbox's outputs in the store; names and sizes are checked (untrusted).
 
-    The store copies each file (a job's file has the job's uid and whatever mode the job
-    gave it; the blob is the service's, mode 0644), never links it. `digests`: the
-    SHA-256 the runner already computed of each accepted copy (report.artifacts), so the
-    file is not hashed a second time just to name its blob (a copy is still checked)."""
+    `digests`: the SHA-256 the runner computed of each artifact as it copied it out of
+    the job's reach (`report.artifacts`). Such a file is the worker's own private copy,
+    and the store takes it as it is (`put_file(own=True)`: linked under that digest,
+    neither copied nor hashed again) where it is a regular file of this process's uid
+    with no other link; anything else is copied, hashed and checked against its digest."""
     stored = []
     for name, path in sorted(artifacts.items()):
         if not _ARTIFACT_NAME.match(name) or not path.is_file() or path.is_symlink():
@@ -199,7 +218,7 @@ def store_artifacts(
             continue
         if path.stat().st_size > max_bytes:
             raise ArtifactTooLarge(name, path.stat().st_size, max_bytes)
-        sha256, size = store.put_file(path, (digests or {}).get(name))
+        sha256, size = store.put_file(path, (digests or {}).get(name), own=True)
         stored.append(
             StoredArtifact(name=name, sha256=sha256, size=size, media_type=media_type_for(name))
         )
@@ -244,33 +263,24 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
     if claimed is None:
         logger.info("job %s is not queued any more; nothing to do", job_id)
         return None
-    from worker.sandbox import SandboxJob
-
     root = context.settings.resolved_work_dir / job_id
     shutil.rmtree(root, ignore_errors=True)
-    upload_dir, job_dir = root / "upload", root / "job"
+    job_dir = root / "job"
     job_dir.mkdir(parents=True)
     watcher = _Watcher(context, job_id)
     watcher.start()  # heartbeats from the claim on: a large download is not a dead worker
     try:
-        files = _fetch_uploads(context.store, claimed, upload_dir)
-        options = json.loads(claimed.options_json)
-        options.pop("callback_url", None)
         try:
             result = context.runner().run(
-                SandboxJob(
-                    model=files["model"],
-                    inputs=files.get("inputs"),
-                    weights=files.get("weights"),
-                    options=options,
-                    job_dir=job_dir,
-                ),
+                sandbox_job(context, claimed, job_dir),
                 on_progress=_ProgressRecorder(context, job_id),
                 cancel=watcher.cancel,
             )
             error: ErrorBody | None = result.error
             artifacts = dict(result.artifacts)
             report: ReportDocument | None = result.report
+        except STORE_ERRORS:
+            raise  # the store (fetching an upload): the task retries
         except Exception as exc:
             logger.exception("the sandbox runner failed on job %s", job_id)
             error = ErrorBody(
@@ -279,10 +289,6 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
                 details={"type": type(exc).__name__, "reason": str(exc)[:500]},
             )
             artifacts, report = {}, None
-        if report is not None and "report.json" not in artifacts:
-            path = job_dir / "report.json"
-            path.write_text(report.model_dump_json(indent=2))
-            artifacts["report.json"] = path
         try:
             digests = {a.name: a.sha256 for a in report.artifacts} if report else {}
             stored = store_artifacts(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from pathlib import Path
-from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
@@ -13,15 +11,17 @@ from pydantic_settings import SettingsConfigDict
 from persistence.settings import CommonSettings
 from worker.sandbox.settings import SandboxSettings
 
-_SANDBOX: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(SandboxSettings)}
-"""The sandbox's own defaults: each limit is written once, in `SandboxSettings`."""
-
 
 class WorkerSettings(CommonSettings):
     """Settings of `torchport worker` (and the workers `torchport serve` starts)."""
 
+    # TORCHPORT_SANDBOX_DISK_MB is `sandbox.disk_mb`: one split after the prefix's field.
     model_config = SettingsConfigDict(
-        env_prefix="TORCHPORT_", extra="ignore", populate_by_name=True
+        env_prefix="TORCHPORT_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        extra="ignore",
+        populate_by_name=True,
     )
 
     work_dir: Path | None = Field(
@@ -31,48 +31,10 @@ class WorkerSettings(CommonSettings):
     worker_name: str = Field(
         default_factory=socket.gethostname, description="Shown as the job's worker."
     )
-    sandbox_enabled: bool = Field(
-        default=_SANDBOX["enabled"],
-        description="Confine uploaded code (rlimits, Landlock, seccomp; see docs/sandbox.md). "
-        "Turn off only for trusted code in development.",
-    )
-    sandbox_use_bwrap: bool | Literal["auto"] = Field(
-        default="auto", description="Wrap jobs in bubblewrap: true, false, or auto (when it works)."
-    )
-    sandbox_max_memory_mb: int = Field(
-        default=_SANDBOX["max_memory_mb"], ge=256, description="Upper bound on a job's `memory_mb`."
-    )
-    sandbox_max_timeout_s: float = Field(
-        default=_SANDBOX["max_timeout_s"], gt=0, description="Upper bound on a job's `timeout_s`."
-    )
-    sandbox_disk_mb: int = Field(
-        default=_SANDBOX["disk_mb"],
-        ge=64,
-        description="What one job may hold on disk (uploads, scratch, outputs, deleted files "
-        "it keeps open); past it the job is stopped: `disk_quota_exceeded`.",
-    )
-    sandbox_max_inodes: int = Field(
-        default=_SANDBOX["max_inodes"],
-        ge=100,
-        description="Files and directories one job may create.",
-    )
-    sandbox_fsize_mb: int = Field(
-        default=_SANDBOX["fsize_mb"], ge=16, description="The largest single file a job may write."
-    )
-    sandbox_allow_without_landlock: bool = Field(
-        default=False,
-        description="Run jobs on a kernel without Landlock (recorded in each report). Not "
-        "needed under gVisor, which is detected; elsewhere the worker refuses to start.",
-    )
-    sandbox_spares: bool = Field(
-        default=_SANDBOX["spares"],
-        description="Keep a pre-forked, self-warmed spare job child and loader child while "
-        "idle, so a job at an idle worker skips the fork and the cold start (costs their "
-        "private memory, ~70 MB).",
-    )
-    sandbox_gpu_library_dirs: list[Path] = Field(
-        default_factory=list,
-        description="NVIDIA driver library dirs the loader cache lacks (GPU workers only).",
+    sandbox: SandboxSettings = Field(
+        default_factory=SandboxSettings,
+        description="How jobs are confined and limited: every field of "
+        "`worker.sandbox.SandboxSettings`, each as `TORCHPORT_SANDBOX_<NAME>`.",
     )
     cuda_visible_devices: str | None = Field(
         default=None,
@@ -123,17 +85,12 @@ class WorkerSettings(CommonSettings):
         return [q.strip() for q in self.queues.split(",") if q.strip()]
 
     def sandbox_settings(self) -> SandboxSettings:
-        """The sandbox's settings: every `sandbox_<name>` setting as `<name>`, and the GPU
-        confinement when this worker consumes the gpu queue."""
-        names = {f.name for f in dataclasses.fields(SandboxSettings)}
-        values: dict[str, Any] = {
-            name.removeprefix("sandbox_"): value
-            for name, value in self
-            if name.startswith("sandbox_") and name.removeprefix("sandbox_") in names
-        }
-        return SandboxSettings(
-            **values,
-            gpu="gpu" in self.queue_list,
-            cuda_visible_devices=self.cuda_visible_devices,
-            nvidia_visible_devices=self.nvidia_visible_devices,
+        """The sandbox's settings (`sandbox`), with the GPU confinement when this worker
+        consumes the gpu queue, pinned to this worker's GPUs."""
+        return self.sandbox.model_copy(
+            update={
+                "gpu": "gpu" in self.queue_list,
+                "cuda_visible_devices": self.cuda_visible_devices,
+                "nvidia_visible_devices": self.nvidia_visible_devices,
+            }
         )

@@ -16,15 +16,14 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from persistence.lifecycle import fail_job
 from persistence.models import Job
 from persistence.queue import EXPORT_TASK, WEBHOOK_TASK, Queue, enqueue_webhook
-from persistence.store import StoreError
 from schemas import ErrorBody
 from worker.celery_app import app, context, settings
-from worker.execution import execute, release
+from worker.execution import STORE_ERRORS, execute, release
 from worker.webhooks import DeliveryFailed, deliver
 
 logger = logging.getLogger(__name__)
 
-INFRASTRUCTURE_ERRORS = (OperationalError, DBAPIError, StoreError, ConnectionError, TimeoutError)
+INFRASTRUCTURE_ERRORS = (OperationalError, DBAPIError, *STORE_ERRORS)
 
 
 @app.task(

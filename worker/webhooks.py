@@ -1,4 +1,4 @@
-"""Completion callbacks: POST the job body to `options.callback_url`, signed.
+"""Completion callbacks: POST the job body to the job's `callback_url`, signed.
 
 The signature is `X-Torchport-Signature: sha256=<hex>` where the hex is
 HMAC-SHA256(secret, f"{timestamp}.{body}") and the timestamp is sent as
@@ -308,7 +308,7 @@ def deliver(context: WorkerContext, job_id: str, *, final_attempt: bool) -> bool
         if job.owner_id is not None:
             key = session.get(ApiKey, job.owner_id)
             secret = key.webhook_secret if key is not None else None
-    url = public.options.callback_url
+    url = public.callback_url
     if url is None:
         return True
     body = public.model_dump_json().encode("utf-8")

@@ -23,8 +23,9 @@ from starlette.concurrency import run_in_threadpool
 from persistence import records
 from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, queue_for
-from schemas import JobPublic, JobStatus
+from schemas import JobPublic, JobSpec, JobStatus
 from schemas.job import TERMINAL_STATUSES
+from schemas.limits import CALLBACK_URL_MAX_LENGTH
 from service import archives, jobs
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
@@ -82,6 +83,12 @@ UPLOAD_BODY: dict[str, Any] = {
                         "type": "string",
                         "description": "ExportOptions as a JSON string (see options.schema.json).",
                     },
+                    "callback_url": {
+                        "type": "string",
+                        "maxLength": CALLBACK_URL_MAX_LENGTH,
+                        "pattern": "^https?://",
+                        "description": "POSTed the job body, signed, when the job ends.",
+                    },
                 },
             }
         }
@@ -102,13 +109,13 @@ def _job_response(job: JobPublic, status_code: int) -> JSONResponse:
     return JSONResponse(status_code=status_code, content=job.model_dump(mode="json"))
 
 
-def _submit_in_db(state: AppState, form: Any, options: Any, caller: Any) -> tuple[JobPublic, bool]:
+def _submit_in_db(state: AppState, form: Any, spec: JobSpec, caller: Any) -> tuple[JobPublic, bool]:
     with state.sessions() as session, session.begin():
         submission = jobs.submit(
             session,
             state.store,
             form,
-            options,
+            spec,
             caller,
             max_concurrent_jobs=state.settings.max_concurrent_jobs,
             fingerprint=state.fingerprint,
@@ -136,7 +143,8 @@ def _enqueue_after_commit(state: AppState, job: JobPublic) -> None:
     responses=error_responses(InvalidRequest, UploadTooLarge, Unauthorized, RateLimited),
 )
 async def create_export(request: Request, state: StateDep, caller: CallerDep) -> JSONResponse:
-    """Upload a model (and optional inputs, weights, options); answers 202 with the job.
+    """Upload a model (and optional inputs, weights, options, callback URL); answers 202
+    with the job.
 
     An identical earlier success of the same caller answers at once with `cache_hit: true`;
     an identical job still in flight is returned instead of starting a second one.
@@ -146,12 +154,10 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
     directory = Path(tempfile.mkdtemp(dir=tmp_root, prefix="upload-"))
     try:
         form = await receive_form(request, state.settings.upload_limits, directory)
-        options = jobs.parse_options(form.options)
+        spec = jobs.parse_job(form)
         # Reads the files (a zip's directory): off the event loop.
-        await run_in_threadpool(
-            jobs.validate_uploads, form, options, state.settings.max_model_bytes
-        )
-        public, enqueue = await run_in_threadpool(_submit_in_db, state, form, options, caller)
+        await run_in_threadpool(jobs.validate_uploads, form, spec.options)
+        public, enqueue = await run_in_threadpool(_submit_in_db, state, form, spec, caller)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     if enqueue:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from pydantic_settings import BaseSettings
+from persistence.settings import CommonSettings
 
 # Modules that define pydantic-settings classes; the ones not written yet are skipped.
 SETTINGS_MODULES = ("service.settings", "worker.settings")
@@ -26,7 +26,6 @@ def known_variables() -> set[str]:
                 continue
             raise
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, BaseSettings) and cls is not BaseSettings:
-                prefix = str(cls.model_config.get("env_prefix", ""))
-                names.update((prefix + field).upper() for field in cls.model_fields)
+            if issubclass(cls, CommonSettings):
+                names.update(cls.variables())
     return names

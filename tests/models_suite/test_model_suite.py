@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import ExportOptions
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings
 
 SUITE = Path(__file__).resolve().parents[2] / "bench" / "model_suite"
@@ -53,7 +54,11 @@ def runner(work_root: Path) -> Iterator[SandboxRunner]:
 def run_model(runner: SandboxRunner, work_root: Path, name: str) -> SandboxResult:
     job_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_root))
     job = SandboxJob(
-        model=SUITE / f"{name}.py", inputs=None, weights=None, options={}, job_dir=job_dir
+        model=SUITE / f"{name}.py",
+        inputs=None,
+        weights=None,
+        options=ExportOptions(),
+        job_dir=job_dir,
     )
     return runner.run(job)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import worker.sandbox
+from schemas import ExportOptions
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings, landlock
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -134,7 +135,11 @@ class Arena:
         started = time.monotonic()
         result = self.runner.run(
             SandboxJob(
-                model=model, inputs=inputs, weights=None, options=options or {}, job_dir=job_dir
+                model=model,
+                inputs=inputs,
+                weights=None,
+                options=ExportOptions.model_validate(options or {}),
+                job_dir=job_dir,
             )
         )
         elapsed = time.monotonic() - started

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, fresh_runner
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, quota
 
@@ -48,7 +49,7 @@ def _run(runner: SandboxRunner, mode: str) -> tuple[SandboxResult, float]:
             model=upload,
             inputs=None,
             weights=None,
-            options={"timeout_s": 60},
+            options=ExportOptions(timeout_s=60),
             job_dir=Path(tempfile.mkdtemp(dir=runner.work_root.parent)),
         )
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from schemas import ExportOptions
 from worker.sandbox import (
     SandboxJob,
     SandboxRunner,
@@ -415,7 +416,13 @@ def test_under_gvisor_jobs_run_without_landlock_and_say_so(
     with SandboxRunner(settings) as runner:
         assert "landlock" not in runner.expected_layers()
         result = runner.run(
-            SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=tmp_path / "j")
+            SandboxJob(
+                model=model,
+                inputs=None,
+                weights=None,
+                options=ExportOptions(),
+                job_dir=tmp_path / "j",
+            )
         )
     assert result.report.status == "succeeded", result.error
     sandbox = result.report.sandbox
@@ -479,7 +486,13 @@ def _run(runner: SandboxRunner, source: str, options: dict[str, Any]) -> Any:
     model.write_text(source)
     try:
         return runner.run(
-            SandboxJob(model=model, inputs=None, weights=None, options=options, job_dir=root / "j")
+            SandboxJob(
+                model=model,
+                inputs=None,
+                weights=None,
+                options=ExportOptions.model_validate(options),
+                job_dir=root / "j",
+            )
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -581,11 +594,11 @@ def test_a_gpu_queue_worker_builds_a_gpu_runner(monkeypatch: pytest.MonkeyPatch)
 
 def test_the_cli_gives_only_cuda_jobs_a_gpu_runner() -> None:
     environ = {"CUDA_VISIBLE_DEVICES": "", CANARY_NAME: "x"}
-    cuda = local_settings({"device": "cuda"}, environ)
+    cuda = local_settings(ExportOptions(device="cuda"), environ)
     assert cuda.gpu is True and cuda.cuda_visible_devices == ""
     assert cuda.nvidia_visible_devices is None
-    assert local_settings({"device": "cpu"}, environ) == SandboxSettings(
+    assert local_settings(ExportOptions(device="cpu"), environ) == SandboxSettings(
         spares=False, warm_up="during_first_job"
     )
-    assert local_settings({}, environ).gpu is False
+    assert local_settings(ExportOptions(), environ).gpu is False
     assert cuda.spares is False  # one job per runner: a spare would only be killed unused

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import (
     CANARY,
     MARGIN_S,
@@ -256,7 +257,11 @@ def test_cancel_kills_the_job(arena: Arena, code: str) -> None:
     started = time.monotonic()
     result = arena.runner.run(
         SandboxJob(
-            model=arena.model("sleep"), inputs=None, weights=None, options={}, job_dir=job_dir
+            model=arena.model("sleep"),
+            inputs=None,
+            weights=None,
+            options=ExportOptions(),
+            job_dir=job_dir,
         ),
         cancel=cancel,
     )

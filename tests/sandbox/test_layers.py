@@ -10,12 +10,13 @@ import errno
 import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import (
     SPARE_WAIT_S,
     Arena,
@@ -29,7 +30,7 @@ from worker.sandbox import SandboxJob, SandboxUnavailable, layers
 def probe(arena_or_runner: object, model: Path, job_dir: Path) -> tuple[dict, list[str]]:
     runner = getattr(arena_or_runner, "runner", arena_or_runner)
     result = runner.run(  # type: ignore[attr-defined]
-        SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=job_dir)
+        SandboxJob(model=model, inputs=None, weights=None, options=ExportOptions(), job_dir=job_dir)
     )
     assert result.error is not None
     text = result.error.message + str(result.error.details.get("original_message", ""))
@@ -81,7 +82,7 @@ def test_without_bwrap_the_inner_layers_still_hold(arena: Arena) -> None:
                 model=arena.model("network"),
                 inputs=None,
                 weights=None,
-                options={"timeout_s": 20},
+                options=ExportOptions(timeout_s=20),
                 job_dir=arena.root / "network-nobwrap",
             )
         )
@@ -104,7 +105,13 @@ def test_a_job_that_cannot_be_locked_down_is_refused(arena: Arena, spare: bool) 
     with fresh_runner(uid=0, gid=0, use_bwrap=False, spares=spare) as runner:
         assert runner.wait_for_spares(SPARE_WAIT_S) is spare
         result = runner.run(
-            SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=arena.root / "r")
+            SandboxJob(
+                model=model,
+                inputs=None,
+                weights=None,
+                options=ExportOptions(),
+                job_dir=arena.root / "r",
+            )
         )
     assert result.error is not None
     assert result.error.code == "sandbox_violation"
@@ -129,7 +136,7 @@ def test_disabled_sandbox_is_recorded(arena: Arena, capsys: pytest.CaptureFixtur
                 model=arena.model("benign"),
                 inputs=None,
                 weights=None,
-                options={"verify": {"roundtrip": False}},
+                options=ExportOptions.model_validate({"verify": {"roundtrip": False}}),
                 job_dir=arena.root / "disabled",
             )
         )
@@ -157,7 +164,7 @@ def test_zygote_is_restarted_after_it_dies(arena: Arena) -> None:
                 model=arena.model("benign"),
                 inputs=None,
                 weights=None,
-                options={},
+                options=ExportOptions(),
                 job_dir=arena.root / "restart",
             )
         )
@@ -169,15 +176,17 @@ def test_zygote_is_restarted_after_it_dies(arena: Arena) -> None:
 
 
 def test_invalid_options_never_reach_the_sandbox(arena: Arena) -> None:
-    result = arena.runner.run(
+    # Options are validated where a job comes from (the API, the CLI): a SandboxJob takes
+    # only ExportOptions, so an unvalidated dict cannot even be handed to the runner.
+    with pytest.raises(TypeError):
         SandboxJob(
             model=arena.model("benign"),
             inputs=None,
             weights=None,
-            options={"no_such_option": 1},
+            options={"no_such_option": 1},  # type: ignore[arg-type]
             job_dir=arena.root / "invalid",
         )
-    )
-    assert result.error is not None
-    assert result.error.code == "invalid_request"
-    shutil.rmtree(arena.root / "invalid")
+    with pytest.raises(ValidationError) as refused:
+        ExportOptions.model_validate({"no_such_option": 1})
+    assert refused.value.errors()[0]["type"] == "extra_forbidden"
+    assert not (arena.root / "invalid").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import JOB_UID, fresh_runner
 from worker.sandbox import SandboxJob, mountview
 
@@ -126,7 +127,13 @@ def test_jobs_import_unloaded_stdlib_modules(bwrap: bool, tmp_path: Path) -> Non
     runner = fresh_runner(use_bwrap=bwrap, spares=False, work_root=tmp_path / "work").start()
     try:
         result = runner.run(
-            SandboxJob(model=model, inputs=None, weights=None, options={}, job_dir=tmp_path / "job")
+            SandboxJob(
+                model=model,
+                inputs=None,
+                weights=None,
+                options=ExportOptions(),
+                job_dir=tmp_path / "job",
+            )
         )
     finally:
         runner.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import JOB_UID, MODELS, Arena, fresh_runner
 from worker.sandbox import SandboxJob, SandboxResult
 
@@ -109,7 +110,7 @@ def test_a_job_gets_a_pids_cgroup_of_its_own(arena: Arena) -> None:
                 model=MODELS / "hostile_threads.py",
                 inputs=None,
                 weights=None,
-                options={"timeout_s": 60},
+                options=ExportOptions(timeout_s=60),
                 job_dir=arena.root / "pids-job",
             )
         )

@@ -42,7 +42,7 @@ for mode, spares in (("spare", True), ("fresh", False)):
                 assert runner.wait_for_spares(120)
             job_dir = work.parent / ("job-" + mode + "-" + name)
             result = runner.run(SandboxJob(model=Path(model), inputs=None, weights=None,
-                                           options={}, job_dir=job_dir))
+                                           options=ExportOptions(), job_dir=job_dir))
             out["jobs"][mode + "-" + name] = {
                 "status": result.report.status,
                 "code": result.error.code if result.error else None,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import JOB_UID, Arena, fresh_runner
 from tests.sandbox.test_neighbours import _model, _probe
 from worker.sandbox import SandboxJob, SandboxResult
@@ -93,7 +94,7 @@ def test_jobs_of_two_runners_never_share_a_uid(arena: Arena) -> None:
                         model=_model(arena, "runner_b", victim=1, sleep_s=4.0),
                         inputs=None,
                         weights=None,
-                        options={"timeout_s": 60},
+                        options=ExportOptions(timeout_s=60),
                         job_dir=root / "job-b",
                     )
                 )

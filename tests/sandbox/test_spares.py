@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import SPARE_WAIT_S, Arena, digest, fresh_runner
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner
 
@@ -110,6 +111,10 @@ def _run(runner: SandboxRunner, arena: Arena, name: str) -> SandboxResult:
     """A benign job on `runner`, whatever kind of child it gets."""
     job_dir = arena.root / f"spares-{name}-{os.getpid()}"
     job = SandboxJob(
-        model=arena.model("benign"), inputs=None, weights=None, options={}, job_dir=job_dir
+        model=arena.model("benign"),
+        inputs=None,
+        weights=None,
+        options=ExportOptions(),
+        job_dir=job_dir,
     )
     return runner.run(job)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, fresh_runner
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, converters
 
@@ -42,7 +43,7 @@ def _run(runner: SandboxRunner, model: str, options: dict[str, object]) -> Sandb
             model=upload,
             inputs=None,
             weights=None,
-            options={"timeout_s": 600, **options},
+            options=ExportOptions.model_validate({"timeout_s": 600, **options}),
             job_dir=Path(tempfile.mkdtemp(dir=runner.work_root.parent)),
         )
     )

@@ -109,13 +109,14 @@ def test_fuzzed_requests_never_get_a_5xx(client: TestClient) -> None:
 def test_every_setting_is_documented() -> None:
     from service.settings import CommonSettings
     from tests.service.conftest import ROOT
+    from torchport.client import ClientSettings
 
     text = (ROOT / "docs" / "configuration.md").read_text()
     names = {
-        f"`TORCHPORT_{name.upper()}`"
+        f"`{name}`"
         for cls in (CommonSettings, ServiceSettings, WorkerSettings)
-        for name in cls.model_fields
-    }
+        for name in cls.variables()
+    } | {f"`TORCHPORT_{name.upper()}`" for name in ClientSettings.model_fields}
     documented = {
         line.split(" | ")[0].removeprefix("| ")
         for line in text.splitlines()

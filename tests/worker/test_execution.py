@@ -6,7 +6,6 @@ the database is the real PostgreSQL. Real sandboxed runs are in tests/integratio
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -59,6 +58,10 @@ class ScriptedRunner:
         if self.wait_for_cancel:
             assert cancel.wait(10), "cancel never arrived"
             return ScriptedResult(None, {}, ErrorBody(code="canceled", message="killed"))
+        staged = job.job_dir / "in"  # as the sandbox stages a job: each upload copied in
+        staged.mkdir()
+        for source in job.uploads().values():
+            source.copy_to(staged / source.name)
         out = job.job_dir / "out"
         out.mkdir(exist_ok=True)
         files = {"program.pt2": b"PK\x03\x04data", "report.json": b"{}", **self.extra}
@@ -72,7 +75,12 @@ class ScriptedRunner:
         pass
 
 
-def add_job(ctx: WorkerContext, tmp_path: Path, options: ExportOptions | None = None) -> str:
+def add_job(
+    ctx: WorkerContext,
+    tmp_path: Path,
+    options: ExportOptions | None = None,
+    callback_url: str | None = None,
+) -> str:
     source = tmp_path / "model.py"
     source.write_text("model = 1\n")
     sha, _ = ctx.store.put_file(source)
@@ -83,6 +91,7 @@ def add_job(ctx: WorkerContext, tmp_path: Path, options: ExportOptions | None = 
                 id=job_id,
                 status="queued",
                 options_json=(options or ExportOptions()).model_dump_json(),
+                callback_url=callback_url,
                 cache_key="k" * 64,
                 cache_hit=False,
                 queue="cpu",
@@ -228,10 +237,41 @@ def test_options_reach_the_sandbox_without_the_callback(
 ) -> None:
     runner = ScriptedRunner()
     context._runner = runner
-    options = ExportOptions(strict=True, callback_url="http://127.0.0.1:1/hook")
-    job_id = add_job(context, tmp_path, options)
+    job_id = add_job(
+        context, tmp_path, ExportOptions(strict=True), callback_url="http://127.0.0.1:1/hook"
+    )
     execute(context, job_id)
     sent = runner.jobs[0].options
-    assert sent["strict"] is True
-    assert "callback_url" not in sent
-    assert json.loads(json.dumps(sent)) == sent
+    assert isinstance(sent, ExportOptions)  # typed, as the API validated them
+    assert sent.strict is True
+    assert "callback_url" not in sent.model_dump()
+    assert public(context, job_id).callback_url == "http://127.0.0.1:1/hook"
+
+
+def test_uploads_are_fetched_straight_into_the_job_as_copies(
+    context: WorkerContext, tmp_path: Path
+) -> None:
+    runner = ScriptedRunner()
+    context._runner = runner
+    seen: dict[str, tuple[int, int, bytes]] = {}
+    original = runner.run
+
+    def run(job: Any, **kwargs: Any) -> Any:
+        result = original(job, **kwargs)
+        staged = job.job_dir / "in" / "model.py"
+        seen["model"] = (staged.stat().st_ino, staged.stat().st_nlink, staged.read_bytes())
+        return result
+
+    runner.run = run  # type: ignore[method-assign]
+    job_id = add_job(context, tmp_path)
+    assert execute(context, job_id) == "succeeded"
+    with context.sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        blob = context.store.local_path(job.model_sha256)  # type: ignore[attr-defined]
+    inode, links, data = seen["model"]
+    assert data == blob.read_bytes() == b"model = 1\n"
+    # A copy of its own: the job's uid will own it; a link would hand it the shared blob.
+    assert inode != blob.stat().st_ino
+    assert links == 1
+    assert not (context.settings.resolved_work_dir / job_id).exists()  # nothing else kept

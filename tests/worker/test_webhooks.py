@@ -19,7 +19,6 @@ from sqlalchemy import update
 
 from persistence.database import transaction
 from persistence.models import Job
-from schemas import ExportOptions
 from service.auth import create_key
 from tests.worker.test_execution import add_job, public
 from worker.execution import WorkerContext
@@ -62,7 +61,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 def finished_job(context: WorkerContext, tmp_path: Path, url: str, owner: str | None) -> str:
-    job_id = add_job(context, tmp_path, ExportOptions(callback_url=url))
+    job_id = add_job(context, tmp_path, callback_url=url)
     with transaction(context.sessions) as session:
         session.execute(
             update(Job)

@@ -134,6 +134,9 @@ def _options(args: argparse.Namespace) -> ExportOptions:
     if args.strict:
         raw["strict"] = True
     requires_of(args, raw)
+    # The deprecated `options.callback_url` is the service's (a job's callback): accepted
+    # in shared options files, meaningless here.
+    raw.pop("callback_url", None)
     try:
         return ExportOptions.model_validate(raw)
     except ValidationError as exc:
@@ -171,7 +174,7 @@ class _Exporter:
             return self
         from worker.sandbox import SandboxRunner, SandboxUnavailable, local_settings
 
-        runner = SandboxRunner(local_settings(self.options.model_dump(mode="json"), os.environ))
+        runner = SandboxRunner(local_settings(self.options, os.environ))
         with self.err.status("starting the sandbox", spinner="dots"):
             try:
                 self.runner = runner.start()
@@ -223,7 +226,7 @@ class _Exporter:
                 model=model.resolve(),
                 inputs=args.inputs.resolve() if args.inputs else None,
                 weights=args.weights.resolve() if args.weights else None,
-                options=self.options.model_dump(mode="json"),
+                options=self.options,
                 job_dir=Path(tmp),
             )
             result = self.runner.run(job, on_progress=on_progress)

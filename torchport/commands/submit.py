@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_upload_arguments(parser)
     parser.add_argument("--server", help="server URL (TORCHPORT_SERVER, default 127.0.0.1:8000)")
     parser.add_argument("--api-key", help="API key (TORCHPORT_API_KEY)")
+    parser.add_argument(
+        "--callback-url", help="POSTed the job, signed, when it ends (http:// or https://)"
+    )
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
     parser.add_argument("--out", type=Path, help="download the artifacts here (implies --wait)")
     parser.add_argument("--timeout", type=float, help="give up waiting after this many seconds")
@@ -59,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
     with Client(args.server, args.api_key) as client:
         try:
             job = client.submit(
-                args.model, inputs=args.inputs, weights=args.weights, options=options or None
+                args.model,
+                inputs=args.inputs,
+                weights=args.weights,
+                options=options or None,
+                callback_url=args.callback_url,
             )
             if wait and not job.done:
                 with Progress(

@@ -21,15 +21,24 @@ import os
 
 from worker.sandbox.layers import HostLayers, probe
 from worker.sandbox.runner import SandboxRunner, SandboxUnavailable
-from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings, local_settings
+from worker.sandbox.settings import (
+    LocalFile,
+    SandboxJob,
+    SandboxResult,
+    SandboxSettings,
+    UploadSource,
+    local_settings,
+)
 
 __all__ = [
     "HostLayers",
+    "LocalFile",
     "SandboxJob",
     "SandboxResult",
     "SandboxRunner",
     "SandboxSettings",
     "SandboxUnavailable",
+    "UploadSource",
     "local_settings",
     "probe",
     "run_export_sandboxed",

@@ -176,7 +176,6 @@ def run_export_job(spec: dict[str, Any]) -> int:
     import torch
 
     from engine import pipeline
-    from engine.artifacts import REPORT
     from engine.model import Upload
     from schemas import ExportOptions, RoundtripCheck
 
@@ -222,26 +221,24 @@ def run_export_job(spec: dict[str, Any]) -> int:
         write_progress({"progress": p.model_dump(mode="json")})
 
     try:
-        result = pipeline.run_export(
+        pipeline.run_export(
             request,
             progress=progress,
             roundtrip_runner=roundtrip,
             roundtrip_prefetch=requests.prefetch,
+            finish_report=lambda report: _reclassify(report, attempts),
         )
     except MemoryError:
         write_progress({"refused": "out_of_memory", "message": "MemoryError"})
         return 4
-    report = result.report
-    changed = _reclassify(report, attempts)
-    if changed:
-        (out_dir / REPORT).write_text(report.model_dump_json(indent=2))
     # The worker reads the outputs back (into copies) while this process exits.
     write_progress({"done": True})
     return 0
 
 
-def _reclassify(report: Any, attempts: _Attempts) -> bool:
-    """Name the real cause when a failure came from a forbidden action the job tried.
+def _reclassify(report: Any, attempts: _Attempts) -> None:
+    """Name the real cause when a failure came from a forbidden action the job tried
+    (before the report is written: `pipeline.run_export(finish_report=...)`).
 
     Limits (memory, the largest file) are named by the pipeline, from the exception itself
     (`engine.diagnostics.limit_reached`), never here from message text.
@@ -268,9 +265,8 @@ def _reclassify(report: Any, attempts: _Attempts) -> bool:
                 details={"attempted": sorted(tried), "by_libraries": sorted(attempts.by_libraries)},
             )
         )
-    if error is None:
-        return bool(tried)
     if caused:
+        assert error is not None
         error.details = {
             "original_code": error.code,
             "original_message": error.message,
@@ -283,8 +279,6 @@ def _reclassify(report: Any, attempts: _Attempts) -> bool:
             + "; the sandbox forbids it.",
         )
         error.code, error.message, error.hint = verdict.code, verdict.message, verdict.hint
-        return True
-    return bool(tried)
 
 
 def check_roundtrip(pt2: str, payload: str) -> dict[str, Any]:

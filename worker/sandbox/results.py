@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.artifacts import REPORT, artifact_info
+from engine.artifacts import REPORT
 from schemas import (
     ArtifactInfo,
     Environment,
@@ -27,7 +27,7 @@ from schemas import (
 )
 from schemas.outcomes import canceled, error_body
 from worker.sandbox import quota
-from worker.sandbox.outputs import Untrusted, take_outputs
+from worker.sandbox.outputs import Untrusted, copy_regular, take_outputs
 from worker.sandbox.pipes import ProgressCallback
 from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
 from worker.sandbox.supervisor import Watch
@@ -47,9 +47,11 @@ def finish(
     bwrap: bool,
     watch: Watch | None = None,
 ) -> SandboxResult:
-    """Write the job's report and move its accepted artifacts into `job_dir/out`: the
-    outputs taken while it exited (`watch.accepted`), else those in `produced` taken
-    now; a failed report when there is an error or no valid report."""
+    """Write the job's final report (this is its only writer) and put its accepted
+    artifacts into `job_dir/out`: the copies taken while it exited (`watch.accepted`),
+    else those in `produced`, checked and copied now. Every artifact there is then the
+    worker's own copy, hashed once as it was copied (`report.artifacts`); a failed
+    report when there is an error or no valid report."""
     out_dir = job.job_dir / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     report: ReportDocument | None = None
@@ -70,19 +72,29 @@ def finish(
         report = _failed_report(error, time.perf_counter() - started)
         found = {}
     artifacts: dict[str, Path] = {}
-    for name, path in found.items():
-        target = out_dir / name
-        try:
-            os.replace(path, target)
-        except OSError:
-            shutil.copyfile(path, target)
-        artifacts[name] = target
+    try:
+        for name, path in found.items():
+            target = out_dir / name
+            if name in infos:  # the worker's copy, hashed as it was copied
+                os.replace(path, target)
+            else:  # taken where the job wrote it: copied out of its reach, hashed once
+                copied = copy_regular(path, target, settings.max_program_bytes, magic=None)
+                if copied is None:
+                    raise Untrusted(f"{name} disappeared")
+                infos[name] = copied
+            artifacts[name] = target
+    except (Untrusted, OSError) as exc:
+        error = error_body("internal_error", f"The job's results were rejected: {exc}")
+        report = _failed_report(error, time.perf_counter() - started)
+        for path in artifacts.values():
+            path.unlink(missing_ok=True)
+        artifacts, infos = {}, {}
     if accepted is not None and accepted.directory is not None:
         shutil.rmtree(accepted.directory, ignore_errors=True)
     report.sandbox = SandboxReport(
         layers=list_layers(watch, settings, bwrap=bwrap), details=details
     )
-    report.artifacts = [infos.get(name) or artifact_info(path) for name, path in artifacts.items()]
+    report.artifacts = [infos[name] for name in artifacts]
     report_path = out_dir / REPORT
     report_path.write_text(report.model_dump_json(indent=2))
     artifacts[REPORT] = report_path
@@ -200,12 +212,19 @@ def run_unconfined(
 
     work = Path(tempfile.mkdtemp(prefix="torchport-job-"))
     try:
+        files: dict[str, Path] = {}
+        for role, source in job.uploads().items():
+            files[role] = work / "in" / role / source.name
+            files[role].parent.mkdir(parents=True)
+            source.copy_to(files[role])
         result = pipeline.run_export(
             pipeline.ExportRequest(
-                upload=Upload(model=job.model, inputs=job.inputs, weights=job.weights),
+                upload=Upload(
+                    model=files["model"], inputs=files.get("inputs"), weights=files.get("weights")
+                ),
                 options=options,
                 out_dir=job.job_dir / "out",
-                work_dir=work,
+                work_dir=work / "work",
             ),
             progress=on_progress,
         )

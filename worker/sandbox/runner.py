@@ -12,7 +12,6 @@ untrusted data), results.py (errors and the report), processes.py (/proc).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -24,9 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pydantic import ValidationError
-
-from schemas import ErrorBody, ExportOptions
+from schemas import ExportOptions
 from worker.sandbox import (
     cgroups,
     converters,
@@ -278,17 +275,7 @@ class SandboxRunner:
         started = time.perf_counter()
         out_dir = job.job_dir / "out"
         out_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            options = ExportOptions.model_validate(job.options)
-        except ValidationError as exc:
-            error = ErrorBody(
-                code="invalid_request",
-                message="The export options are invalid.",
-                details={"errors": json.loads(exc.json(include_url=False, include_input=False))},
-            )
-            return results.finish(
-                job, None, error, "", started, {}, self.settings, bwrap=self._bwrap is not None
-            )
+        options = job.options  # typed and validated where the job came from (SandboxJob)
         if not self.settings.enabled:
             return results.run_unconfined(job, options, on_progress)
         job_id = f"{os.getpid()}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"

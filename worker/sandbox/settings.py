@@ -1,25 +1,32 @@
 """Configuration of the sandbox and the shapes of one job and its result.
 
-`SandboxSettings` is a plain dataclass; the service wraps it in its pydantic
-settings (TORCHPORT_ prefix), so this package never reads the environment.
+`SandboxSettings` is a pydantic model that reads no environment: a worker's settings
+nest it (`WorkerSettings.sandbox`, `TORCHPORT_SANDBOX_<NAME>`), so each sandbox setting
+has one name, one default and one set of bounds, here.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, Protocol
 
-from schemas import ErrorBody, ReportDocument
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import ErrorBody, ExportOptions, ReportDocument
+from schemas.limits import MAX_TIMEOUT_S
 
 NOBODY = 65534
 
 
-@dataclass
-class SandboxSettings:
-    """How jobs are isolated and limited."""
+class SandboxSettings(BaseModel):
+    """How jobs are isolated and limited. The attribute docstrings are the settings'
+    descriptions (docs/configuration.md)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     enabled: bool = True
     """False runs the engine in this process with no isolation (debugging only)."""
@@ -29,6 +36,7 @@ class SandboxSettings:
     """Job uid when the worker runs as root (default 65534); ignored otherwise. Jobs that
     run while another does get a uid of their own from `slot_uid_base + 1` on."""
     gid: int | None = None
+    """Job gid when the worker runs as root (default 65534); ignored otherwise."""
     slot_uid_base: int = 100000
     """Concurrent jobs of a root worker never share a uid (RLIMIT_NPROC counts per uid,
     and a process may set another's limits when their uids match): the first job runs as
@@ -39,38 +47,46 @@ class SandboxSettings:
     slots.default_directories() (`/run/torchport/slots`, then one in the temp dir)."""
     work_root: Path | None = None
     """Staging directories and the zygote's files; a fresh temporary dir by default."""
-    max_memory_mb: int = 16384
+    max_memory_mb: int = Field(default=16384, ge=256)
     """Upper bound on a job's `memory_mb`."""
-    max_timeout_s: float = 3600
+    max_timeout_s: float = Field(default=3600, gt=0, le=MAX_TIMEOUT_S)
     """Upper bound on a job's `timeout_s`."""
     cpu_s: int | None = None
     """RLIMIT_CPU; default: timeout * CPU count + 10 s."""
-    fsize_mb: int = 4096
+    fsize_mb: int = Field(default=4096, ge=16)
     """RLIMIT_FSIZE: the largest file a job may write (lowered to `disk_mb` if above)."""
-    disk_mb: int = 16384
+    disk_mb: int = Field(default=16384, ge=64)
     """What one job may hold on disk: its staging directory (uploads, scratch, outputs)
     and the deleted files it keeps open. Past it the job is killed: `disk_quota_exceeded`
     (quota.py)."""
-    max_inodes: int = 20000
+    max_inodes: int = Field(default=20000, ge=100)
     """Files and directories one job may have in its staging directory."""
     disk_check_interval_s: float = 0.25
     """How often the supervisor measures a running job's disk use."""
     nofile: int = 256
+    """RLIMIT_NOFILE: files one job process may hold open."""
     nproc: int = 4096
     """RLIMIT_NPROC (counts threads, and for a shared uid all of its processes)."""
     pids_max: int = 2048
     """Threads and processes of one job and its loader together, where the runner can give
     each job a pids cgroup of its own (cgroups.py)."""
     tmpfs_mb: int = 256
+    """Size of the private /tmp (tmpfs) bubblewrap gives the zygote and its jobs."""
     max_report_bytes: int = 8 << 20
+    """Largest `report.json` accepted from a job."""
     max_json_bytes: int = 128 << 20
+    """Largest `graph.json` or `signature.json` accepted from a job."""
     max_program_bytes: int = 8 << 30
+    """Largest `program.pt2` (or target artifact) accepted from a job."""
     early_copy_bytes: int = 64 << 20
     """Programs up to this size are copied out of the job's reach and hashed while the
     job child exits; larger ones are moved after the exit (outputs.take_outputs)."""
     max_log_bytes: int = 1 << 20
+    """What is kept of a job's own output (stdout and stderr)."""
     max_progress_line: int = 1 << 14
+    """Longest line a job child may write on its progress pipe."""
     start_timeout_s: float = 180
+    """How long the zygote may take to start (and warm up) before the worker gives up."""
     warm_up: bool | Literal["during_first_job"] = True
     """True: the zygote runs the whole pipeline once before it serves (later forks start
     warm). "during_first_job" (one-shot runs): it serves at once and, while the first job
@@ -82,6 +98,7 @@ class SandboxSettings:
     python: str | None = None
     """Interpreter for the zygote; this one by default."""
     kill_grace_s: float = 5.0
+    """How long a killed job's output pipes are still read after the kill."""
     allow_without_landlock: bool = False
     """Run jobs where the kernel has no Landlock (recorded in every report). Under gVisor,
     whose kernel has none, this is implied; elsewhere the runner refuses to start."""
@@ -90,7 +107,8 @@ class SandboxSettings:
     cuda_visible_devices: str | None = None
     """CUDA_VISIBLE_DEVICES for the zygote and CUDA jobs (the worker's pinning); unset: all."""
     nvidia_visible_devices: str | None = None
-    gpu_library_dirs: list[Path] = field(default_factory=list)
+    """NVIDIA_VISIBLE_DEVICES for CUDA jobs, when set (the container runtime's pinning)."""
+    gpu_library_dirs: list[Path] = Field(default_factory=list)
     """Driver library dirs the loader's cache does not know (put on LD_LIBRARY_PATH);
     those `ldconfig -p` lists are found and made readable without this."""
     gpu_data_margin_mb: int = 8192
@@ -111,11 +129,11 @@ class SandboxSettings:
         return uid, gid
 
 
-def local_settings(options: Mapping[str, Any], environ: Mapping[str, str]) -> SandboxSettings:
+def local_settings(options: ExportOptions, environ: Mapping[str, str]) -> SandboxSettings:
     """Settings of the one-shot path (`torchport export`, run by the user in their own
     shell): a CUDA job gets a GPU runner pinned as that shell pins its GPUs; nothing
     else of `environ` is used."""
-    if options.get("device") != "cuda":
+    if options.device != "cuda":
         return SandboxSettings(spares=False, warm_up="during_first_job")
     return SandboxSettings(
         spares=False,
@@ -126,16 +144,64 @@ def local_settings(options: Mapping[str, Any], environ: Mapping[str, str]) -> Sa
     )
 
 
+class UploadSource(Protocol):
+    """An uploaded file, written where the job is staged (`staging.stage`): a local
+    file (`LocalFile`), or a blob of the worker's store fetched straight into the
+    job's directory."""
+
+    @property
+    def name(self) -> str:
+        """The file's base name in the job's `in` directory."""
+        ...
+
+    def copy_to(self, target: Path) -> None:
+        """Write the file's bytes to `target`, a new file of its own: never a link to
+        bytes anyone else keeps (the job's uid becomes the copy's owner)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """An upload that is a file on this machine (`torchport export`, tests)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def copy_to(self, target: Path) -> None:
+        shutil.copyfile(self.path, target)
+
+
 @dataclass
 class SandboxJob:
-    """One export to run: uploaded files, ExportOptions JSON, and where results go
-    (the runner creates `job_dir/out`)."""
+    """One export to run: its uploads (paths or `UploadSource`s, copied into the job's
+    staging directory), its options, validated before they get here (a
+    `SandboxJob` takes no other), and where results go (the runner creates
+    `job_dir/out`)."""
 
-    model: Path
-    inputs: Path | None
-    weights: Path | None
-    options: dict[str, Any]
+    model: Path | UploadSource
+    inputs: Path | UploadSource | None
+    weights: Path | UploadSource | None
+    options: ExportOptions
     job_dir: Path
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, ExportOptions):
+            raise TypeError(
+                "SandboxJob.options must be ExportOptions, validated where the job came "
+                f"from, not {type(self.options).__name__}"
+            )
+
+    def uploads(self) -> dict[str, UploadSource]:
+        """The uploads by role (`model`, `inputs`, `weights`), the absent ones left out."""
+        found: dict[str, UploadSource] = {}
+        for role in ("model", "inputs", "weights"):
+            source = getattr(self, role)
+            if source is not None:
+                found[role] = LocalFile(source) if isinstance(source, Path) else source
+        return found
 
 
 @dataclass

@@ -2,13 +2,13 @@
 in, the options as a file, all owned by the job's uid) and removed after it, off the
 job's critical path (`Cleaner`).
 
-It is the only writable place a job can see: `in`, `out`, `tmp/work` for the job
-child, `tmp/loader` for its round-trip loader.
+Uploads are written there once, straight from where they are (a local file, the
+worker's store), never through another copy. It is the only writable place a job can
+see: `in`, `out`, `tmp/work` for the job child, `tmp/loader` for its round-trip loader.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -22,23 +22,25 @@ __all__ = ["Cleaner", "stage"]
 
 
 def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> dict[str, Any]:
-    """Copy the uploads into a fresh directory only this job's uid can enter; returns the
-    job child's spec (paths of the uploads, the options file, its out and work dirs)."""
+    """Write the uploads straight into a fresh directory only this job's uid can enter
+    (each a copy of its own: the job's uid will own it); returns the job child's spec
+    (paths of the uploads, the options file, its out and work dirs)."""
     dirs = {name: staging / name for name in ("in", "out", "tmp")}
     for path in (staging, *dirs.values(), dirs["tmp"] / "loader", dirs["tmp"] / "work"):
         path.mkdir(mode=0o700)
     # The options go by file: valid options may exceed a control message (64 KiB).
     options_file = staging / "options.json"
-    options_file.write_text(json.dumps(job.options))
+    options_file.write_text(job.options.model_dump_json())
     spec: dict[str, Any] = {"options_file": str(options_file)}
-    for name in ("model", "inputs", "weights"):
-        source: Path | None = getattr(job, name)
+    uploads = job.uploads()
+    for role in ("model", "inputs", "weights"):
+        source = uploads.get(role)
         if source is None:
-            spec[name] = None
+            spec[role] = None
             continue
         target = dirs["in"] / source.name
-        shutil.copyfile(source, target)
-        spec[name] = str(target)
+        source.copy_to(target)
+        spec[role] = str(target)
     spec["out_dir"], spec["work_dir"] = str(dirs["out"]), str(dirs["tmp"] / "work")
     if ids is not None:
         for dirpath, _dirnames, filenames in os.walk(staging):

@@ -1,0 +1,25 @@
+"""The limits of the contract that more than one layer enforces, each written once.
+
+The API refuses an upload that breaks one of them before a job exists; the engine
+enforces the same numbers where the upload is unpacked or run, so an upload the API took
+never fails later on a different number. Deployment-specific limits (upload sizes, a
+worker's caps) are settings; these are not.
+"""
+
+from __future__ import annotations
+
+MAX_TIMEOUT_S = 24 * 3600
+"""The largest `timeout_s` an export may ask for. A worker may cap it lower
+(`TORCHPORT_SANDBOX_MAX_TIMEOUT_S`); the broker's visibility timeout must exceed it."""
+
+ZIP_MAX_ENTRIES = 10_000
+"""Most entries a model zip may hold (`__MACOSX/` included at upload, where they are
+counted before the archive is parsed)."""
+
+ZIP_MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+"""Most bytes a model zip may unpack to (weights travel separately)."""
+
+CALLBACK_URL_MAX_LENGTH = 2048
+"""Longest `callback_url`, in characters (the form field may hold 4 UTF-8 bytes each)."""
+
+__all__ = ["CALLBACK_URL_MAX_LENGTH", "MAX_TIMEOUT_S", "ZIP_MAX_ENTRIES", "ZIP_MAX_UNPACKED_BYTES"]
