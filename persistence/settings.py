@@ -17,8 +17,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from schemas.limits import MAX_TIMEOUT_S
 
 DEFAULT_DATA_DIR = Path.home() / ".torchport"
-MAX_JOB_TIMEOUT_S = MAX_TIMEOUT_S
-"""The largest `timeout_s` an export may ask for (`schemas.limits`)."""
 
 
 class CommonSettings(BaseSettings):
@@ -56,7 +54,7 @@ class CommonSettings(BaseSettings):
         description="How often the filesystem broker looks for new tasks.",
     )
     visibility_timeout_s: int = Field(
-        default=MAX_JOB_TIMEOUT_S + 3600,
+        default=MAX_TIMEOUT_S + 3600,
         description="Redis redelivers an unacknowledged task after this long; must exceed "
         "the longest job.",
     )
@@ -72,10 +70,10 @@ class CommonSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> Self:
-        if self.visibility_timeout_s <= MAX_JOB_TIMEOUT_S:
+        if self.visibility_timeout_s <= MAX_TIMEOUT_S:
             raise ValueError(
                 "TORCHPORT_VISIBILITY_TIMEOUT_S must exceed the longest job time limit "
-                f"({MAX_JOB_TIMEOUT_S} s), or Redis redelivers running jobs"
+                f"({MAX_TIMEOUT_S} s), or Redis redelivers running jobs"
             )
         if self.heartbeat_timeout_s <= 3 * self.heartbeat_interval_s:
             raise ValueError(

@@ -127,8 +127,8 @@ class LocalStore:
         `own` and its digest (an upload this process received into its private temporary
         directory, an artifact the worker copied out of a job's reach) is the file linked,
         neither copied nor hashed again, and only when it is a regular file of this
-        process's uid with no other link. A stored blob that is not such a file (left by an older version) is
-        replaced.
+        process's uid with no other link. A stored blob that is not such a file (left by
+        an older version) is replaced.
         """
         if own and sha256 is not None:
             info = os.lstat(path)

@@ -10,8 +10,8 @@ from functools import cached_property
 
 from pydantic import Field
 
-from persistence.settings import MAX_JOB_TIMEOUT_S, CommonSettings
-from schemas.limits import CALLBACK_URL_MAX_LENGTH
+from persistence.settings import CommonSettings
+from schemas.limits import CALLBACK_URL_MAX_LENGTH, MAX_TIMEOUT_S
 
 
 class ServiceSettings(CommonSettings):
@@ -49,7 +49,7 @@ class ServiceSettings(CommonSettings):
         "when Redis is the broker); one more is refused with `rate_limited`.",
     )
     events_max_duration_s: float = Field(
-        default=MAX_JOB_TIMEOUT_S + 600.0,
+        default=MAX_TIMEOUT_S + 600.0,
         gt=0,
         description="An event stream is closed after this long.",
     )

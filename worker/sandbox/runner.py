@@ -348,7 +348,9 @@ class SandboxRunner:
         zygote_job = next(zygote.jobs)
         baseline_mb = int(zygote.info.get("data_mb", 0))
         gpu_job = self.is_gpu_job(options)
-        limits, timeout = supervisor.job_limits(options, self.settings, baseline_mb, gpu_job)
+        limits, timeout, memory_mb = supervisor.job_limits(
+            options, self.settings, baseline_mb, gpu_job
+        )
         if ids is not None:  # the job's own uid (Zygote.confinement takes it out again)
             limits["uid"], limits["gid"] = ids
         group = self._job_group(job_id)
@@ -358,7 +360,7 @@ class SandboxRunner:
         if executables:  # the converters' profile (Zygote.confinement takes it out again)
             limits["executables"] = [str(path) for path in executables]
         rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
-        memory_bytes = (options.memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
+        memory_bytes = (memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
         watch = supervisor.Watch()
         zygote.watches[job_id] = watch
         progress_r, progress_w = os.pipe2(os.O_CLOEXEC)
@@ -406,9 +408,7 @@ class SandboxRunner:
             verdict = "disk_quota_exceeded"
         reader.join(timeout=self.settings.kill_grace_s)
         log.close()
-        error = results.map_error(
-            verdict, exit_info, watch, timeout, options.memory_mb, self.settings
-        )
+        error = results.map_error(verdict, exit_info, watch, timeout, memory_mb, self.settings)
         details: dict[str, Any] = {
             "in_force": watch.lockdown or {},
             "spare": watch.spare,

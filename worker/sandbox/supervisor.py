@@ -55,8 +55,10 @@ class Watch:
 
 def job_limits(
     options: ExportOptions, settings: SandboxSettings, baseline_mb: int, gpu_job: bool = False
-) -> tuple[dict[str, Any], float]:
-    """The job child's rlimits (sent to the zygote) and its wall-clock timeout."""
+) -> tuple[dict[str, Any], float, int]:
+    """The job child's rlimits (sent to the zygote), its wall-clock timeout and its memory
+    limit in MiB: the job's own, capped by the worker's (`max_timeout_s`, `max_memory_mb`);
+    the one place they are capped."""
     timeout = min(float(options.timeout_s), settings.max_timeout_s)
     memory = min(options.memory_mb, settings.max_memory_mb)
     cpu = settings.cpu_s or int(timeout * (os.cpu_count() or 1)) + 10
@@ -69,7 +71,7 @@ def job_limits(
         "nofile": settings.nofile,
         "nproc": settings.nproc,
     }
-    return limits, timeout
+    return limits, timeout, memory
 
 
 def supervise(
