@@ -8,7 +8,10 @@ flag; None = native) and `cpp.simdlen` (the vector width of the generated kernel
 picks AVX2, 512 AVX-512, 0 none). They are passed per call (`inductor_configs`, a
 scoped `config.patch`), never set globally. `cpp.vec_isa_ok` is set too: inductor then
 trusts the CPU flags instead of dry-compiling a probe per ISA and loading each in a
-fresh Python process, so the only programs run are the compiler's.
+fresh Python process, so the only programs run are the compiler's. Some ISAs are probed
+whatever `cpp.vec_isa_ok` says (AVX-512 BF16, VNNI and AMX, on CPUs that report them):
+their probe library is dlopen-ed in this process instead (`_probes_in_process`), since a
+sandboxed job may run no Python process.
 
 What runs and what is written (for a sandbox profile; seen with `strace -f -e
 trace=execve`): `$CXX` or `g++` from PATH (`g++ --version`, then per source file g++ →
@@ -25,8 +28,10 @@ Python's include dir. Loading extracts the package into
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +78,7 @@ class Isa:
         from torch._inductor import config
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-        with config.patch(self.inductor_configs()):
+        with config.patch(self.inductor_configs()), _probes_in_process():
             picked = str(pick_vec_isa())
         return "none" if picked == "INVALID_VEC_ISA" else picked
 
@@ -161,9 +166,10 @@ def convert(
             vec_isa=chosen.vec_isa(),
             runs_on=chosen.runs_on,
         )
-    written = torch._inductor.aoti_compile_and_package(
-        program, package_path=str(path), inductor_configs=configs
-    )
+    with _probes_in_process():
+        written = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path), inductor_configs=configs
+        )
     return Path(written)
 
 
@@ -176,7 +182,7 @@ def load(path: Path, program: torch.export.ExportedProgram, *, isa: str = "porta
     import torch._inductor
     from torch._inductor import config
 
-    with config.patch(resolve_isa(isa).inductor_configs()):
+    with config.patch(resolve_isa(isa).inductor_configs()), _probes_in_process():
         compiled = torch._inductor.aoti_load_package(str(path))
 
     def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
@@ -199,6 +205,38 @@ def notes(facts: dict[str, Any]) -> list[str]:
         "The package does not check the declared dynamic ranges (min/max): inputs outside "
         "them run without an error, where program.pt2 refuses them.",
     ]
+
+
+@contextlib.contextmanager
+def _probes_in_process() -> Iterator[None]:
+    """Inductor's ISA probes load their library here, not in a new Python process.
+
+    `VecISA.check_build` compiles a few intrinsics with an ISA's flags, then (torch 2.13)
+    `_probe_load` starts `python -c "cdll.LoadLibrary(...)"` to see that the library
+    loads. For AVX-512 BF16, VNNI and AMX it does so even with `cpp.vec_isa_ok`, on CPUs
+    whose flags report them; in the sandbox that exec is refused (PermissionError) and
+    the whole conversion failed on such workers. The library only defines functions, so
+    loading it here runs none of its code. Torch versions without `_probe_load` are left
+    as they are."""
+    from torch._inductor import cpu_vec_isa
+
+    if not hasattr(cpu_vec_isa.VecISA, "_probe_load"):
+        yield
+        return
+
+    def load_here(self: object, output_path: str) -> bool:
+        try:
+            ctypes.CDLL(output_path)
+        except OSError:
+            return False
+        return True
+
+    original = cpu_vec_isa.VecISA._probe_load
+    cpu_vec_isa.VecISA._probe_load = load_here  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cpu_vec_isa.VecISA._probe_load = original  # type: ignore[method-assign]
 
 
 def _cpu_has(feature: str) -> bool:

@@ -385,3 +385,35 @@ def test_target_options() -> None:
     with pytest.raises(ValidationError):
         ExportOptions(aoti={"isa": "avx2"})
     assert tuple(TARGET_ARTIFACTS) == targets.ORDER
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="AOTInductor compiles C++")
+def test_isa_probes_load_in_this_process_not_in_a_new_python(tmp_path: Path) -> None:
+    # In the sandbox a job may exec only the compiler: inductor's AVX-512 BF16/VNNI/AMX
+    # probes started `python -c` (whatever cpp.vec_isa_ok said) and failed the conversion.
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import json, sys
+        spawned = []
+        sys.addaudithook(lambda e, a: spawned.append(a[0]) if e == "subprocess.Popen" else None)
+        from torch._inductor import cpu_vec_isa
+        from engine.targets.aoti import _probes_in_process
+        isa = cpu_vec_isa.VecAVX2()
+        with _probes_in_process():
+            loaded = isa.check_build(cpu_vec_isa.VecISA._avx_code)
+        print(json.dumps([loaded, [str(p) for p in spawned if "python" in str(p)]]))
+        """
+    )
+    env = {"PATH": "/usr/bin:/bin", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded, spawned = json.loads(done.stdout)
+    assert loaded is torch.cpu._is_avx2_supported()
+    assert spawned == []

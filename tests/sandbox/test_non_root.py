@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, os, resource, sys
 from pathlib import Path
+from schemas import ExportOptions
 from worker.sandbox import SandboxJob, SandboxRunner, SandboxSettings
 work, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
 # The job's victim is this worker process itself: the same uid, as in a runAsNonRoot pod.
