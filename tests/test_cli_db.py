@@ -141,3 +141,44 @@ def table_names(url: str) -> set[str]:
         return set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_0003_moves_each_jobs_callback_url_out_of_its_options(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from persistence.database import ALEMBIC_INI
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    config = Config(str(ALEMBIC_INI))
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url)
+    command.upgrade(config, "0002")
+    engine = create_engine(url)
+    hook = "https://hooks.example.com/x"
+    with engine.begin() as connection:
+        for job_id, options in (
+            ("with", {"strict": True, "callback_url": hook}),
+            ("without", {"strict": False}),
+        ):
+            connection.execute(
+                text(
+                    "INSERT INTO jobs (id, status, options_json, cache_key, cache_hit, queue, "
+                    "model_sha256, model_name, attempts, cancel_requested, webhook_attempts, "
+                    "created_at) VALUES (:id, 'queued', :options, :key, 0, 'cpu', :sha, "
+                    "'m.py', 0, 0, 0, CURRENT_TIMESTAMP)"
+                ),
+                {"id": job_id, "options": json.dumps(options), "key": "k" * 64, "sha": "a" * 64},
+            )
+    command.upgrade(config, "0003")
+    with engine.connect() as connection:
+        rows = {
+            row[0]: (json.loads(row[1]), row[2])
+            for row in connection.execute(text("SELECT id, options_json, callback_url FROM jobs"))
+        }
+    assert rows == {"with": ({"strict": True}, hook), "without": ({"strict": False}, None)}
+    command.downgrade(config, "0002")
+    with engine.connect() as connection:
+        back = connection.execute(text("SELECT options_json FROM jobs WHERE id = 'with'")).scalar()
+    assert json.loads(back) == {"strict": True, "callback_url": hook}
+    engine.dispose()
