@@ -117,9 +117,35 @@ class JobGroups:
 
 
 def join(group: Path) -> int:
-    """Move this process into `group` (before it drops root); its `pids.max`."""
-    (group / "cgroup.procs").write_text("0")
+    """Move this process into `group` (before it drops root); its `pids.max`.
+
+    Writing `cgroup.procs` moves a whole thread group under the kernel's global
+    `cgroup_threadgroup_rwsem`, whose write side waits for an RCU grace period: 5-20 ms
+    here, paid by every job child and every loader on the job's critical path (its joins
+    are too far apart to share one grace period). Moving one thread, the caller itself,
+    takes no such lock (~0.3 ms): a single-threaded process (every fork of the zygote;
+    forks copy only the calling thread) therefore joins through cgroup v1's `tasks`
+    file. With one thread, that thread is the whole process, and it starts no other
+    before the move is done: everything it creates later is born in the group. A process
+    with more threads, or a cgroup v2 group (no `tasks` file; `cgroup.threads` only in
+    threaded subtrees), moves all of its threads through `cgroup.procs`.
+    """
+    tasks = group / "tasks"
+    if _threads() == 1 and tasks.exists():
+        tasks.write_text("0")
+        if _threads() != 1:  # cannot happen (see above); never leave a thread outside
+            (group / "cgroup.procs").write_text("0")
+    else:
+        (group / "cgroup.procs").write_text("0")
     return int((group / "pids.max").read_text().strip())
+
+
+def _threads() -> int:
+    """This process's threads (0 when /proc cannot tell)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
 
 
 def _remove_stale(base: Path) -> None:
