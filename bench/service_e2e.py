@@ -5,6 +5,8 @@
 Measures, for the small model `tests/models/service_small.py`:
 - end to end on `torchport serve` (submit → artifacts ready), median of `--jobs` runs, each
   with distinct model bytes so the cache never answers;
+- plain torch in an already-warm process: export + run_decompositions + save of the same
+  model, repeated (the baseline of the end-to-end target: within 150 ms of it);
 - the same export in an already-warm process: the engine called in-process, and the warm
   sandbox runner a worker uses (the service's own overhead is e2e minus the runner);
 - a fresh `python export.py` doing torch.export + run_decompositions + save;
@@ -246,6 +248,34 @@ def warm_sandbox(runs: int) -> list[float]:
     return list(json.loads(out.stdout.splitlines()[-1]))
 
 
+def plain_torch_warm(runs: int) -> list[float]:
+    """torch.export.export + run_decompositions + torch.export.save of the same model,
+    again and again in one warm process (the first run, which warms it, is not counted):
+    the baseline of the 150 ms end-to-end target. No verification and no round trip,
+    which a job does (by default) on top."""
+    code = textwrap.dedent(
+        f"""
+        import json, runpy, tempfile, time
+        from pathlib import Path
+        import torch
+        ns = runpy.run_path({str(MODEL)!r})
+        model, args = ns["model"], ns["example_args"]
+        out = Path(tempfile.mkdtemp()) / "program.pt2"
+        times = []
+        for i in range({runs} + 1):
+            t0 = time.perf_counter()
+            ep = torch.export.export(model, args).run_decompositions()
+            torch.export.save(ep, out)
+            times.append(time.perf_counter() - t0)
+        print(json.dumps(times[1:]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return list(json.loads(out.stdout.splitlines()[-1]))
+
+
 def fresh_script(runs: int) -> list[float]:
     script = Path(tempfile.mkdtemp()) / "export.py"
     script.write_text(
@@ -286,6 +316,7 @@ def main() -> int:
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
     results: dict[str, object] = {}
+    results["plain_torch_warm"] = summary(plain_torch_warm(args.jobs))
     results["engine_in_process_warm"] = summary(in_process_engine(args.jobs))
     results["sandbox_runner_warm"] = summary(warm_sandbox(args.jobs))
     results["fresh_python_export_py"] = summary(fresh_script(3))
@@ -310,6 +341,9 @@ def main() -> int:
             "two_workers_s": round(two, 2),
             "speedup": round(one / two, 2),
         }
+    plain = results["plain_torch_warm"]["median_ms"]  # type: ignore[index]
+    e2e = results["serve_end_to_end"]["median_ms"]  # type: ignore[index]
+    results["end_to_end_over_plain_torch_ms"] = round(e2e - plain, 1)
     print(json.dumps(results, indent=2))
     return 0
 

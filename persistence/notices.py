@@ -8,15 +8,21 @@ that misses one still reloads every `events_safety_reload_s`.
 Every writer of stage events (the API, the workers, the reaper) builds its sessions with
 `make_session_factory`, and `publish_after_commit` hooks a publisher onto them: the ids of
 the jobs whose `StageEventRow`s a session flushed are published when it commits, and
-forgotten when it rolls back. With the embedded filesystem broker there is no Redis and
-nothing is published: streams poll (one API process, one worker, one machine).
+forgotten when it rolls back. With the embedded filesystem broker there is no Redis: the
+API process, the workers and the reaper are on one machine and share the data directory,
+so notices travel as datagrams to a UNIX socket in it (`LocalPublisher`, `local_socket`),
+which the API process's hub listens on. Where that socket cannot be made (a data
+directory path too long for a socket address), streams poll, as with a Redis that does
+not answer.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,9 +38,31 @@ _PENDING = "torchport.notices"
 """Where a session keeps the job ids it will publish on commit (`Session.info`)."""
 
 
+LOCAL_SOCKET = "notices.sock"
+"""The embedded broker's notice socket, in the data directory (mode 0700 there)."""
+
+MAX_SOCKET_PATH = 107
+"""Longest path a UNIX socket address holds (sun_path is 108 bytes with its NUL)."""
+
+MAX_NOTICE_BYTES = 256
+"""A notice is one job id; longer datagrams are cut to this and ignored."""
+
+
+class NoticePublisher(Protocol):
+    """Sends the ids of jobs with new events to whoever follows them; never raises."""
+
+    def publish(self, job_ids: set[str]) -> None: ...
+
+
 def is_redis(url: str) -> bool:
-    """Whether a broker URL is a Redis server (the only broker notices travel on)."""
+    """Whether a broker URL is a Redis server (notices travel on it)."""
     return url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def is_embedded(url: str) -> bool:
+    """Whether a broker URL is the embedded folder broker (notices travel on a local
+    socket: every process is on one machine)."""
+    return url.startswith("filesystem://")
 
 
 def channel(key_prefix: str | None) -> str:
@@ -67,12 +95,47 @@ class Publisher:
                 logger.warning("job notices: Redis did not answer (%s); streams poll", exc)
 
 
-def make_publisher(broker_url: str, key_prefix: str | None) -> Publisher | None:
-    """A publisher when the broker is Redis; None for the embedded broker."""
-    return Publisher(broker_url, key_prefix) if is_redis(broker_url) else None
+def local_socket(data_dir: Path) -> Path | None:
+    """Where the embedded broker's notices go: `<data_dir>/notices.sock`, or None when
+    the path is too long for a socket address (streams then poll)."""
+    path = data_dir.expanduser().absolute() / LOCAL_SOCKET
+    return path if len(str(path).encode()) <= MAX_SOCKET_PATH else None
 
 
-def publish_after_commit(sessions: sessionmaker[Session], publisher: Publisher) -> None:
+class LocalPublisher:
+    """Notices as datagrams to the API process's socket (the embedded broker: one machine).
+
+    Non-blocking: with no listener (the API is down) or a full queue a notice is dropped,
+    and streams find the events at their next reload, as with a lost Redis message."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._socket.setblocking(False)
+
+    def publish(self, job_ids: set[str]) -> None:
+        for job_id in sorted(job_ids):
+            try:
+                self._socket.sendto(job_id.encode()[:MAX_NOTICE_BYTES], self.path)
+            except OSError:  # no listener (ENOENT, ECONNREFUSED), a full queue (EAGAIN)
+                return
+
+
+def make_publisher(
+    broker_url: str, key_prefix: str | None, data_dir: Path | None = None
+) -> NoticePublisher | None:
+    """A publisher on Redis when the broker is Redis; with the embedded broker, one to the
+    data directory's notice socket (None without `data_dir` or when it cannot have one);
+    None for any other broker (streams poll)."""
+    if is_redis(broker_url):
+        return Publisher(broker_url, key_prefix)
+    if not is_embedded(broker_url) or data_dir is None:
+        return None
+    path = local_socket(data_dir)
+    return LocalPublisher(path) if path is not None else None
+
+
+def publish_after_commit(sessions: sessionmaker[Session], publisher: NoticePublisher) -> None:
     """Publish, after each commit of a session from `sessions`, the jobs it added events to."""
 
     def flushed(session: Session, context: Any) -> None:

@@ -51,7 +51,8 @@ class CommonSettings(BaseSettings):
     broker_polling_interval_s: float = Field(
         default=0.05,
         gt=0,
-        description="How often the filesystem broker looks for new tasks.",
+        description="How long a consumer of the filesystem broker waits for a wake-up before "
+        "it looks for new tasks anyway (producers wake consumers when they put one).",
     )
     visibility_timeout_s: int = Field(
         default=MAX_TIMEOUT_S + 3600,

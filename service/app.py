@@ -49,7 +49,7 @@ def build_state(settings: ServiceSettings) -> AppState:
     engine = make_engine(url)
     sessions = make_session_factory(engine)
     broker_url = settings.resolved_broker_url
-    publisher = make_publisher(broker_url, settings.broker_key_prefix)
+    publisher = make_publisher(broker_url, settings.broker_key_prefix, settings.data_dir)
     if publisher is not None:
         publish_after_commit(sessions, publisher)
     return AppState(
@@ -66,7 +66,7 @@ def build_state(settings: ServiceSettings) -> AppState:
         ),
         metrics=Metrics(sessions),
         fingerprint=engine_fingerprint(),
-        hub=EventHub(broker_url, settings.broker_key_prefix),
+        hub=EventHub(broker_url, settings.broker_key_prefix, data_dir=settings.data_dir),
         stream_limiter=StreamLimiter(
             broker_url, settings.max_streams_per_key, key_prefix=settings.broker_key_prefix
         ),

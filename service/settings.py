@@ -34,7 +34,8 @@ class ServiceSettings(CommonSettings):
         default=0.05,
         gt=0,
         description="How often an event stream looks for new stage events when no job notices "
-        "arrive (the embedded broker; Redis not answering).",
+        "arrive (Redis not answering; an embedded data directory whose path is too long for "
+        "its notice socket).",
     )
     events_safety_reload_s: float = Field(
         default=5.0,

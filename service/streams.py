@@ -1,9 +1,10 @@
 """What event streams need beyond the database: a wake-up per job, and a limit per key.
 
-`EventHub`: one Redis subscription per API process to the job notices (persistence.notices);
+`EventHub`: one Redis subscription per API process to the job notices (persistence.notices),
+or with the embedded broker the data directory's notice socket, read on the event loop;
 each open stream waits on an `asyncio.Event` of its job and reloads from the database only
-when woken, or every `events_safety_reload_s` in case a notice was lost. Without Redis (the
-embedded broker), or while Redis does not answer, streams poll every
+when woken, or every `events_safety_reload_s` in case a notice was lost. While Redis does
+not answer, or where the socket cannot be made, streams poll every
 `events_poll_interval_s` as before.
 
 `StreamLimiter`: how many streams one API key may hold open, counted in Redis (a sorted set
@@ -16,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from persistence.notices import channel, is_redis
+from persistence.notices import MAX_NOTICE_BYTES, channel, is_embedded, is_redis, local_socket
 from service.errors import RateLimited
 
 logger = logging.getLogger(__name__)
@@ -38,9 +42,17 @@ RECONNECT_S = 1.0
 class EventHub:
     """Wakes the streams of a job when a notice for it arrives."""
 
-    def __init__(self, broker_url: str, key_prefix: str | None) -> None:
+    def __init__(
+        self, broker_url: str, key_prefix: str | None, *, data_dir: Path | None = None
+    ) -> None:
         self.url = broker_url if is_redis(broker_url) else None
         self.channel = channel(key_prefix)
+        self.socket_path = (
+            local_socket(data_dir)
+            if self.url is None and data_dir is not None and is_embedded(broker_url)
+            else None
+        )
+        self._socket: socket.socket | None = None
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -53,6 +65,7 @@ class EventHub:
         cannot miss a notice), then listen in the background. Each app lifespan starts
         and stops it; with several at once on one loop, the last stop ends it."""
         if self.url is None:
+            self._bind_local()
             return
         loop = asyncio.get_running_loop()
         if self._task is not None and self._loop is loop and not self._task.done():
@@ -69,6 +82,9 @@ class EventHub:
             await asyncio.wait_for(subscribed.wait(), 2.0)
 
     async def stop(self) -> None:
+        if self._socket is not None:
+            self._close_local()
+            return
         if self._task is None or self._loop is not asyncio.get_running_loop():
             return
         self._starts -= 1
@@ -79,6 +95,52 @@ class EventHub:
             await self._task
         self._task = None
         self.live = False
+
+    def _bind_local(self) -> None:
+        """Listen on the embedded broker's notice socket, read on this event loop."""
+        if self.socket_path is None:
+            return
+        if self._socket is not None:
+            self._starts += 1
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)  # left by an API process that died
+            sock.bind(str(self.socket_path))
+            sock.setblocking(False)
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(sock.fileno(), self._read_local)
+        except OSError as exc:
+            sock.close()
+            logger.warning("job notices: no socket at %s (%s); streams poll", self.socket_path, exc)
+            return
+        self._socket, self._starts, self.live = sock, 1, True
+
+    def _read_local(self) -> None:
+        assert self._socket is not None
+        while True:
+            try:
+                data = self._socket.recv(MAX_NOTICE_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self._wake(data.decode("utf-8", "replace"))
+
+    def _close_local(self) -> None:
+        self._starts -= 1
+        if self._starts > 0 or self._socket is None:
+            return
+        if self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._socket.fileno())
+        self._socket.close()
+        self._socket = None
+        self.live = False
+        if self.socket_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
 
     @contextlib.contextmanager
     def watch(self, job_id: str) -> Iterator[asyncio.Event]:

@@ -76,7 +76,9 @@ class WorkerContext:
         """Connect to the database and the store named by `settings`."""
         engine = make_engine(settings.resolved_database_url)
         sessions = make_session_factory(engine)
-        publisher = make_publisher(settings.resolved_broker_url, settings.broker_key_prefix)
+        publisher = make_publisher(
+            settings.resolved_broker_url, settings.broker_key_prefix, settings.data_dir
+        )
         if publisher is not None:  # following clients see this worker's events at once
             publish_after_commit(sessions, publisher)
         return cls(

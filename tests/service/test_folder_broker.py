@@ -1,7 +1,11 @@
-"""The embedded broker never hands a consumer a half-written message."""
+"""The embedded broker never hands a consumer a half-written message, and wakes a waiting
+consumer when a message is put instead of leaving it to its polling interval."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +74,60 @@ def test_the_service_uses_it_for_the_embedded_broker(
     app = make_celery(CommonSettings())
     with app.connection_for_write() as connection:
         assert isinstance(connection.transport, folder_broker.Transport)
+
+
+def _options(folder: Path, polling_interval: float) -> dict[str, Any]:
+    return {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "polling_interval": polling_interval,
+    }
+
+
+def test_a_waiting_consumer_is_woken_by_a_put(tmp_path: Path) -> None:
+    # With a 30 s polling interval only the wake-up can hand the message over in time.
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    options = _options(folder, 30.0)
+    transport = folder_broker.Transport
+    with (
+        Connection("filesystem://", transport=transport, transport_options=options) as consumer,
+        Connection("filesystem://", transport=transport, transport_options=options) as producer,
+    ):
+        inbox = consumer.SimpleQueue("cpu")
+        got: list[tuple[Any, float]] = []
+
+        def receive() -> None:
+            message = inbox.get(block=True, timeout=10)
+            got.append((message.payload, time.monotonic()))
+            message.ack()
+
+        reader = threading.Thread(target=receive)
+        reader.start()
+        deadline = time.monotonic() + 5
+        while not list((tmp_path / folder_broker.WAKE_DIR).glob("*.sock")):
+            assert time.monotonic() < deadline, "the consumer never bound its socket"
+            time.sleep(0.01)
+        time.sleep(0.2)  # it has looked at the empty folder and waits
+        sent = time.monotonic()
+        producer.SimpleQueue("cpu").put({"job": "j1"})
+        reader.join(15)
+        assert got and got[0][0] == {"job": "j1"}
+        assert got[0][1] - sent < 2.0  # the polling interval is 30 s
+        inbox.close()
+    assert list((tmp_path / folder_broker.WAKE_DIR).glob("*.sock")) == []  # closed: removed
+
+
+def test_sockets_of_dead_consumers_are_removed(tmp_path: Path) -> None:
+    wake = tmp_path / folder_broker.WAKE_DIR
+    wake.mkdir()
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    live.bind(str(wake / "live.sock"))
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(str(wake / "dead.sock"))
+    dead.close()  # its consumer died: the file stays, nobody reads it
+    with live:
+        assert folder_broker.wake_consumers(wake) == 1
+        assert live.recv(8) == b"\x01"
+    assert sorted(p.name for p in wake.iterdir()) == ["live.sock"]
+    assert folder_broker.wake_consumers(tmp_path / "missing") == 0
