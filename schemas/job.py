@@ -19,7 +19,8 @@ from schemas.errors import ErrorBody, Stage
 from schemas.options import CallbackUrl, ExportOptions, SubmittedOptions
 
 JOB_SPEC_VERSION: Literal[1] = 1
-"""Version of `JobSpec`; a worker refuses a job of a version it does not know."""
+"""Version of `JobSpec`: a new field gets a default; a description of another version does
+not validate (`job-spec.schema.json`)."""
 
 UPLOAD_ROLES = ("model", "inputs", "weights")
 """The files of a job, in the order the form and the sandbox name them."""
@@ -42,10 +43,6 @@ class JobUploads(StrictModel):
     model: UploadRef
     inputs: UploadRef | None = None
     weights: UploadRef | None = None
-
-    def present(self) -> dict[str, UploadRef]:
-        """The uploaded files by role (`UPLOAD_ROLES`), without the absent ones."""
-        return {role: ref for role in UPLOAD_ROLES if (ref := getattr(self, role)) is not None}
 
 
 class JobSpec(StrictModel):
@@ -75,13 +72,6 @@ class JobSpec(StrictModel):
                 "callback_url and options.callback_url differ: send only the callback_url field"
             )
         return {**data, "options": options, "callback_url": given if given is not None else legacy}
-
-    def submitted_options(self) -> SubmittedOptions:
-        """The options as the API echoes them: with the job's callback URL in the
-        deprecated `options.callback_url`, as it was always shown."""
-        return SubmittedOptions.model_validate(
-            {**self.options.model_dump(mode="json"), "callback_url": self.callback_url}
-        )
 
 
 class StageEvent(StrictModel):

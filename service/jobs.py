@@ -27,7 +27,7 @@ from persistence.queue import queue_for
 from persistence.records import next_seq, record_spec
 from persistence.store import ArtifactStore
 from schemas import ExportOptions, JobSpec
-from schemas.job import TERMINAL_STATUSES
+from schemas.job import TERMINAL_STATUSES, UPLOAD_ROLES
 from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
 from schemas.outcomes import canceled, validation_items
 from service import archives
@@ -39,7 +39,7 @@ MODEL_SUFFIXES = (".py", ".zip")
 INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
 WEIGHTS_SUFFIXES = (".safetensors", ".pt")
 
-UPLOAD_FIELDS = ("model", "inputs", "weights")
+UPLOAD_FIELDS = UPLOAD_ROLES
 UPLOAD_MEDIA_TYPES = {".py": "text/x-python", ".zip": "application/zip"}
 
 

@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import ErrorBody, ExportOptions, ReportDocument
+from schemas.job import UPLOAD_ROLES
 from schemas.limits import MAX_TIMEOUT_S
 
 NOBODY = 65534
@@ -197,7 +198,7 @@ class SandboxJob:
     def uploads(self) -> dict[str, UploadSource]:
         """The uploads by role (`model`, `inputs`, `weights`), the absent ones left out."""
         found: dict[str, UploadSource] = {}
-        for role in ("model", "inputs", "weights"):
+        for role in UPLOAD_ROLES:
             source = getattr(self, role)
             if source is not None:
                 found[role] = LocalFile(source) if isinstance(source, Path) else source

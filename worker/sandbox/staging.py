@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from schemas.job import UPLOAD_ROLES
 from worker.sandbox.settings import SandboxJob
 
 __all__ = ["Cleaner", "stage"]
@@ -33,7 +34,7 @@ def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> dict[s
     options_file.write_text(job.options.model_dump_json())
     spec: dict[str, Any] = {"options_file": str(options_file)}
     uploads = job.uploads()
-    for role in ("model", "inputs", "weights"):
+    for role in UPLOAD_ROLES:
         source = uploads.get(role)
         if source is None:
             spec[role] = None
