@@ -255,16 +255,14 @@ async def follow_export(
 
     seq = _last_event_id(last_event_id)
     settings = state.settings
-    watch = state.hub.watch(job_id)
-    changed = watch.__enter__()  # before the first load: no notice falls in between
-    try:
+    with contextlib.ExitStack() as held:  # a 404 or a 429 below releases what is held
+        changed = held.enter_context(state.hub.watch(job_id))  # before the first load
         first = await run_in_threadpool(load, seq)
         ticket = None
         if first[1] is None and caller.key_id is not None:  # as rate limits: keyed callers
             ticket = await run_in_threadpool(state.stream_limiter.acquire, caller.identity)
-    except BaseException:
-        watch.__exit__(None, None, None)
-        raise
+            held.callback(state.stream_limiter.release, caller.identity, ticket)
+        resources = held.pop_all()  # from here on the stream's, released when it ends
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
         nonlocal seq
@@ -297,9 +295,7 @@ async def follow_export(
                     await run_in_threadpool(state.stream_limiter.refresh, caller.identity, ticket)
                 batch = await run_in_threadpool(load, seq)
         finally:
-            watch.__exit__(None, None, None)
-            if ticket is not None:
-                state.stream_limiter.release(caller.identity, ticket)
+            resources.close()
 
     return EventSourceResponse(stream(), ping=15)
 

@@ -24,11 +24,16 @@ from service.deps import AppState
 from tests.service.conftest import LOOPBACK_CLIENT, _truncate, make_settings, model_file
 
 
-@pytest.fixture
-def replicas(tmp_path: Path, pg_url: str, redis_prefix: str) -> Iterator[list[AppState]]:
+def _replicas(
+    tmp_path: Path, pg_url: str, redis_prefix: str, rate_limit_per_minute: int
+) -> Iterator[list[AppState]]:
     """Two API instances on one database and one Redis, as two replicas are."""
     settings = make_settings(
-        tmp_path, pg_url, redis_prefix, rate_limit_per_minute=5, max_concurrent_jobs=2
+        tmp_path,
+        pg_url,
+        redis_prefix,
+        rate_limit_per_minute=rate_limit_per_minute,
+        max_concurrent_jobs=2,
     )
     states = [build_state(settings), build_state(settings)]
     _truncate(states[0])
@@ -36,20 +41,18 @@ def replicas(tmp_path: Path, pg_url: str, redis_prefix: str) -> Iterator[list[Ap
     _truncate(states[0])
     for state in states:
         state.engine.dispose()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, pg_url: str, redis_prefix: str) -> Iterator[list[AppState]]:
+    """Two replicas with a rate limit of 5 requests a minute."""
+    yield from _replicas(tmp_path, pg_url, redis_prefix, rate_limit_per_minute=5)
 
 
 @pytest.fixture
 def busy_replicas(tmp_path: Path, pg_url: str, redis_prefix: str) -> Iterator[list[AppState]]:
     """The same, with a rate limit that does not get in the way."""
-    settings = make_settings(
-        tmp_path, pg_url, redis_prefix, rate_limit_per_minute=600, max_concurrent_jobs=2
-    )
-    states = [build_state(settings), build_state(settings)]
-    _truncate(states[0])
-    yield states
-    _truncate(states[0])
-    for state in states:
-        state.engine.dispose()
+    yield from _replicas(tmp_path, pg_url, redis_prefix, rate_limit_per_minute=600)
 
 
 def _key(state: AppState) -> str:
