@@ -4,10 +4,22 @@ the data directory: a stream is woken at once instead of at its next poll."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from persistence.notices import LocalPublisher, local_socket, make_publisher
 from service.streams import EventHub
+
+T = TypeVar("T")
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine on a loop of its own, in a thread: another fixture (Playwright's)
+    may keep a loop running in this one, where asyncio.run refuses to start a second."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, scenario()).result()  # type: ignore[arg-type]
 
 
 def test_a_notice_wakes_the_streams_of_its_job_only(tmp_path: Path) -> None:
@@ -25,7 +37,7 @@ def test_a_notice_wakes_the_streams_of_its_job_only(tmp_path: Path) -> None:
         await hub.stop()
         return (*result, (tmp_path / "notices.sock").exists())
 
-    live, woken, other, left = asyncio.run(scenario())
+    live, woken, other, left = run(scenario)
     assert live and woken and not other
     assert not left  # the socket goes with the API process
 
@@ -54,4 +66,4 @@ def test_a_data_dir_too_long_for_a_socket_polls(tmp_path: Path) -> None:
         await hub.stop()
         return live
 
-    assert asyncio.run(scenario()) is False
+    assert run(scenario) is False
