@@ -158,3 +158,17 @@ def test_persistence_loads_no_web_code_and_no_torch() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+MAX_MODULE_LINES = 500
+"""Rooms of a few hundred lines: a module past this is split by what it does."""
+
+
+def test_no_module_of_ours_is_over_500_lines() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+        for package in sorted(OURS)
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert len(sizes) > 100  # the packages were found
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
