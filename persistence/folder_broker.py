@@ -32,11 +32,10 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
+from persistence.notices import fits_socket_address
+
 WAKE_DIR = "wake"
 """Beside the queue folder: one socket per consumer process."""
-
-MAX_SOCKET_PATH = 107
-"""Longest path a UNIX socket address holds; a longer one means polling only."""
 
 
 def wake_dir(queue_folder: str) -> Path:
@@ -102,7 +101,7 @@ class Transport(filesystem.Transport):
             return None
         directory = wake_dir(folder)
         path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
-        if len(str(path).encode()) > MAX_SOCKET_PATH:
+        if not fits_socket_address(path):  # polling only
             return None
         waker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:

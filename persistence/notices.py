@@ -95,11 +95,16 @@ class Publisher:
                 logger.warning("job notices: Redis did not answer (%s); streams poll", exc)
 
 
+def fits_socket_address(path: Path) -> bool:
+    """Whether a UNIX socket can be bound at `path` (its address holds 107 bytes)."""
+    return len(str(path).encode()) <= MAX_SOCKET_PATH
+
+
 def local_socket(data_dir: Path) -> Path | None:
     """Where the embedded broker's notices go: `<data_dir>/notices.sock`, or None when
     the path is too long for a socket address (streams then poll)."""
     path = data_dir.expanduser().absolute() / LOCAL_SOCKET
-    return path if len(str(path).encode()) <= MAX_SOCKET_PATH else None
+    return path if fits_socket_address(path) else None
 
 
 class LocalPublisher:

@@ -54,21 +54,26 @@ def record_spec(job: Job, spec: JobSpec) -> None:
     job.weights_name = uploads.weights.name if uploads.weights else None
 
 
-def job_spec(job: Job) -> JobSpec:
-    """A job's description, read back from its row: the one typed `JobSpec` a worker
-    runs (parsed once, here; the API validated it when the job was submitted)."""
+def job_uploads(job: Job) -> JobUploads:
+    """A job's uploaded files, read back from its row."""
 
     def ref(name: str | None, sha256: str | None) -> UploadRef | None:
         return None if name is None or sha256 is None else UploadRef(name=name, sha256=sha256)
 
     model = ref(job.model_name, job.model_sha256)
     assert model is not None, "a job row always has its model"
+    return JobUploads(
+        model=model,
+        inputs=ref(job.inputs_name, job.inputs_sha256),
+        weights=ref(job.weights_name, job.weights_sha256),
+    )
+
+
+def job_spec(job: Job) -> JobSpec:
+    """A job's description, read back from its row: the one typed `JobSpec` a worker
+    runs (parsed once, here; the API validated it when the job was submitted)."""
     return JobSpec(
-        uploads=JobUploads(
-            model=model,
-            inputs=ref(job.inputs_name, job.inputs_sha256),
-            weights=ref(job.weights_name, job.weights_sha256),
-        ),
+        uploads=job_uploads(job),
         options=ExportOptions.model_validate_json(job.options_json),
         callback_url=job.callback_url,
     )

@@ -36,8 +36,6 @@ _UNREADABLE = (
 
 MAX_MEMBER_BYTES = 1024 * 1024
 """Largest member served: source files, not the weights someone zipped along."""
-MAX_ENTRIES = ZIP_MAX_ENTRIES
-"""Most entries an uploaded model zip may have (checked before `zipfile` parses it)."""
 
 
 _EOCD = struct.Struct("<4s4H2LH")
@@ -146,7 +144,7 @@ def read_member(
         raise missing
     try:
         with _blob_file(store, sha256, tmp_root) as path:
-            if count_entries(path, MAX_ENTRIES) > MAX_ENTRIES:
+            if count_entries(path, ZIP_MAX_ENTRIES) > ZIP_MAX_ENTRIES:
                 raise InvalidRequest(
                     "the model zip has too many entries",
                     details={"job_id": job_id, "member": member, "reason": "zip_too_large"},

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from persistence.queue import queue_for
-from persistence.records import next_seq, record_spec
+from persistence.records import job_uploads, next_seq, record_spec
 from persistence.store import ArtifactStore
 from schemas import ExportOptions, JobSpec
 from schemas.job import TERMINAL_STATUSES, UPLOAD_ROLES
@@ -39,7 +39,6 @@ MODEL_SUFFIXES = (".py", ".zip")
 INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
 WEIGHTS_SUFFIXES = (".safetensors", ".pt")
 
-UPLOAD_FIELDS = UPLOAD_ROLES
 UPLOAD_MEDIA_TYPES = {".py": "text/x-python", ".zip": "application/zip"}
 
 
@@ -439,19 +438,15 @@ def find_upload(job: Job, field: str) -> StoredUpload:
     Raises:
         NotFound: another field name, or nothing was uploaded in that field.
     """
-    stored = {
-        "model": (job.model_name, job.model_sha256),
-        "inputs": (job.inputs_name, job.inputs_sha256),
-        "weights": (job.weights_name, job.weights_sha256),
-    }
-    name, sha256 = stored.get(field, (None, None))
-    if name is None or sha256 is None:
+    uploads = job_uploads(job)
+    ref = getattr(uploads, field) if field in UPLOAD_ROLES else None
+    if ref is None:
         raise NotFound(
             f"job {job.id} has no {field!r} upload",
             details={
                 "job_id": job.id,
                 "upload": field,
-                "available": [f for f in UPLOAD_FIELDS if stored[f][1] is not None],
+                "available": [f for f in UPLOAD_ROLES if getattr(uploads, f) is not None],
             },
         )
-    return StoredUpload(field=field, name=name, sha256=sha256)
+    return StoredUpload(field=field, name=ref.name, sha256=ref.sha256)

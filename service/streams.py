@@ -122,9 +122,7 @@ class EventHub:
         while True:
             try:
                 data = self._socket.recv(MAX_NOTICE_BYTES)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # nothing more to read (BlockingIOError), or closed
                 return
             self._wake(data.decode("utf-8", "replace"))
 

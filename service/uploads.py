@@ -16,9 +16,10 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
+from schemas.job import UPLOAD_ROLES
 from service.errors import InvalidRequest, UploadTooLarge
 
-FILE_FIELDS = ("model", "inputs", "weights")
+FILE_FIELDS = UPLOAD_ROLES
 TEXT_FIELDS = ("options", "callback_url")
 MULTIPART_OVERHEAD = 64 * 1024
 """Bytes of boundaries and part headers allowed on top of the field limits."""

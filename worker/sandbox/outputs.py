@@ -67,8 +67,8 @@ def take_outputs(
     still exiting, each is copied into `into` (out of the job's reach) as it is
     validated and hashed, so what is accepted is what is kept, whatever the job's
     threads write afterwards; None then when the program is larger than
-    `early_copy_bytes` (moved after the exit instead: copying it would cost more
-    than the exit it overlaps)."""
+    `early_copy_bytes` (copied after the exit instead, by `results.finish`: copying it
+    now would cost more than the exit it overlaps)."""
     s = settings
     program = produced / PROGRAM
     if into is not None:

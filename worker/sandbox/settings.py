@@ -81,7 +81,7 @@ class SandboxSettings(BaseModel):
     """Largest `program.pt2` (or target artifact) accepted from a job."""
     early_copy_bytes: int = 64 << 20
     """Programs up to this size are copied out of the job's reach and hashed while the
-    job child exits; larger ones are moved after the exit (outputs.take_outputs)."""
+    job child exits; larger ones are copied and hashed after the exit (results.finish)."""
     max_log_bytes: int = 1 << 20
     """What is kept of a job's own output (stdout and stderr)."""
     max_progress_line: int = 1 << 14
