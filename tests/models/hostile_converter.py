@@ -1,10 +1,13 @@
-"""Hostile upload for a job that asked for the `aoti` and `executorch` targets: its child
-may execute the C++ compiler and flatc. At import it tries what that profile must still
-refuse, with a positive control (g++ itself runs). Everything contained: the module
-defines a model and the job succeeds; anything that got through fails the import with
-ESCAPED and what did.
+"""Hostile upload for a job that asked for the `aoti` (and maybe `executorch`) target. Its
+own code keeps the strict profile whatever the targets: no exec, no fork, no namespaces,
+not even through the dynamic loader. What it may do beyond a job without targets is ask
+the zygote's toolchain broker to run the fixed toolchain on its own files (the control:
+`g++ --version` and a compile into its scratch); every way of bending the toolchain into
+running something else is refused. Everything contained: the module defines a model and
+the job succeeds; anything that got through fails the import with ESCAPED and what did.
 """
 
+import ctypes
 import os
 import socket
 import subprocess
@@ -14,6 +17,21 @@ import tempfile
 import torch
 
 outcome = {}
+scratch = tempfile.mkdtemp()
+marker = os.path.join(scratch, "escaped")
+source = os.path.join(scratch, "hello.c")
+binary = os.path.join(scratch, "hello")
+with open(source, "w") as handle:
+    handle.write("int main(void) { return 0; }\n")
+responses = os.path.join(scratch, "flags.rsp")
+with open(responses, "w") as handle:
+    handle.write(f"-wrapper /bin/sh,-c,touch\\ {marker}\n")
+LOADER = next(
+    p for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1") if os.path.exists(p)
+)
+CLONE_NEW = 0x10000000 | 0x20000000 | 0x40000000 | 0x00020000 | 0x04000000  # user pid net ns uts
+SIGCHLD = 17
+libc = ctypes.CDLL(None, use_errno=True)
 
 
 def attempt(name, action):
@@ -30,31 +48,67 @@ def run(argv):
         raise OSError(f"exit {completed.returncode}: {completed.stderr[-200:]!r}")
 
 
-scratch = tempfile.mkdtemp()
-source = os.path.join(scratch, "hello.c")
-binary = os.path.join(scratch, "hello")
-with open(source, "w") as handle:
-    handle.write("int main(void) { return 0; }\n")
+def spawn(argv):
+    os.posix_spawn(argv[0], argv, {})
+
+
+def fork():
+    if os.fork() == 0:
+        os._exit(0)
+
+
+def clone_namespaces():
+    if libc.syscall(56, CLONE_NEW | SIGCHLD, 0, 0, 0, 0) == -1:  # SYS_clone on x86_64
+        raise OSError(ctypes.get_errno(), "clone refused")
+    os._exit(0)  # only reached in a child that should not exist
+
 
 attempt("control_compiler_runs", lambda: run(["g++", "--version"]))
 attempt("compile", lambda: run(["g++", "-x", "c", source, "-o", binary]))
 attempt("run_compiled", lambda: run([binary]))
-attempt("shell", lambda: run(["/bin/sh", "-c", "true"]))
+attempt("shell", lambda: run(["/bin/sh", "-c", f"touch {marker}"]))
 attempt("python", lambda: run([sys.executable, "-c", "pass"]))
+attempt("loader_shell", lambda: run([LOADER, "/bin/sh", "-c", f"touch {marker}"]))
+attempt("spawn_compiler", lambda: spawn(["/usr/bin/g++", "--version"]))
+attempt("spawn_loader", lambda: spawn([LOADER, "/bin/sh", "-c", f"touch {marker}"]))
+attempt("fork", fork)
+attempt("clone_namespaces", clone_namespaces)
+attempt("wrapper", lambda: run(["g++", "-wrapper", f"/bin/sh,-c,touch {marker}", source]))
+attempt("plugin", lambda: run(["g++", f"-fplugin={binary}", "-c", source, "-o", binary]))
+attempt("prefix", lambda: run(["g++", "-B", scratch, "-c", source, "-o", binary]))
+attempt("response_file", lambda: run(["g++", "@" + responses, source, "-o", binary]))
+attempt("linker_flags", lambda: run(["g++", f"-Wl,-plugin,{binary}", source, "-o", binary]))
+attempt("output_outside", lambda: run(["g++", "-c", source, "-o", "/tmp/escaped.o"]))
 attempt("socket", lambda: socket.socket().close())
 attempt("write_outside", lambda: open("/tmp/torchport-escaped", "w").close())
 
 EXPECTED = {
     "control_compiler_runs": "done",
-    "compile": "done",  # writing its output in scratch is allowed; running it is not
-    "run_compiled": "PermissionError",
-    "shell": "PermissionError",
-    "python": "PermissionError",
-    "socket": "PermissionError",
-    "write_outside": "PermissionError",
+    "compile": "done",  # the broker compiles the job's own file into its scratch
+    **{
+        name: "PermissionError"
+        for name in (
+            "run_compiled",
+            "shell",
+            "python",
+            "loader_shell",
+            "spawn_compiler",
+            "spawn_loader",
+            "fork",
+            "clone_namespaces",
+            "wrapper",
+            "plugin",
+            "prefix",
+            "response_file",
+            "linker_flags",
+            "output_outside",
+            "socket",
+            "write_outside",
+        )
+    },
 }
-if outcome != EXPECTED:
-    raise RuntimeError(f"ESCAPED or broken: {outcome}")
+if outcome != EXPECTED or os.path.exists(marker):
+    raise RuntimeError(f"ESCAPED or broken: {outcome}, marker: {os.path.exists(marker)}")
 
 
 class Small(torch.nn.Module):

@@ -59,7 +59,7 @@ def _run(runner: SandboxRunner, mode: str) -> tuple[SandboxResult, float]:
 def _assert_space_given_back(runner: SandboxRunner) -> None:
     assert runner.wait_for_cleanup(30)
     assert runner.work_root is not None
-    use = quota.measure(runner.work_root, None, 1 << 62, 1 << 62)
+    use = quota.measure(runner.work_root, [], 1 << 62, 1 << 62)
     assert use.bytes < 8 << 20
 
 
@@ -130,10 +130,10 @@ def test_a_benign_job_reports_its_disk_use(runner: SandboxRunner) -> None:
 def test_measure_stops_counting_past_a_limit(tmp_path: Path) -> None:
     for index in range(50):
         (tmp_path / f"f{index}").write_bytes(b"x" * 4096)
-    whole = quota.measure(tmp_path, None, 1 << 40, 1 << 40)
+    whole = quota.measure(tmp_path, [], 1 << 40, 1 << 40)
     assert whole.inodes == 50
     assert whole.bytes >= 50 * 4096
-    cut = quota.measure(tmp_path, None, 1 << 40, 10)
+    cut = quota.measure(tmp_path, [], 1 << 40, 10)
     assert cut.inodes == 11  # one past the limit, then it stops
     assert cut.over(1 << 40, 10)
     assert not whole.over(1 << 40, 50)

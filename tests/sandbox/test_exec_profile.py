@@ -4,6 +4,8 @@ no sockets, no writes outside its directories. Without them, no exec at all."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -59,6 +61,7 @@ def _in_locked_child(tmp_path: Path, executables: list[Path]) -> dict[str, str]:
                     outcome[name] = str(subprocess.run([str(program)], check=False).returncode)
                 except OSError as exc:
                     outcome[name] = type(exc).__name__
+            outcome["clone_namespaces"] = _clone_namespaces()
             try:
                 socket.socket()
                 outcome["socket"] = "opened"
@@ -83,11 +86,26 @@ def _in_locked_child(tmp_path: Path, executables: list[Path]) -> dict[str, str]:
     return dict(json.loads(data))
 
 
+def _clone_namespaces() -> str:
+    """`clone` into new user, pid, net, mount and uts namespaces (a child there holds every
+    capability in them): what it gave. Run in the locked-down child."""
+    flags = sum(seccomp.CLONE_NAMESPACES.values()) - seccomp.CLONE_NAMESPACES["CLONE_NEWCGROUP"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = libc.syscall(56 if os.uname().machine == "x86_64" else 220, flags | 17, 0, 0, 0, 0)
+    if pid == 0:  # pragma: no cover - a child that must not exist
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        return "cloned"
+    return errno.errorcode[ctypes.get_errno()]
+
+
 def test_given_files_run_and_nothing_else(tmp_path: Path) -> None:
     outcome = _in_locked_child(tmp_path, [TRUE, LOADER])
     assert outcome == {
         "allowed": "0",
         "other": "PermissionError",
+        "clone_namespaces": "EPERM",  # processes may be made here, namespaces may not
         "socket": "PermissionError",
         "write_outside": "PermissionError",
     }
@@ -98,3 +116,4 @@ def test_without_executables_nothing_runs(tmp_path: Path) -> None:
     assert outcome["allowed"] == "PermissionError"
     assert outcome["other"] == "PermissionError"
     assert outcome["socket"] == "PermissionError"
+    assert outcome["clone_namespaces"] == "EPERM"

@@ -1,7 +1,8 @@
 """Deployment targets through the sandbox: converted in the job child, verified there, the
-artifacts taken as untrusted files; a job asking for `aoti` or `executorch` gets the
-converters' profile (it may execute the compiler and flatc, nothing else), and one asking
-for none of them gets no exec at all."""
+artifacts taken as untrusted files. The job child never executes anything, whatever its
+targets: a job asking for `aoti` or `executorch` may ask the zygote's toolchain broker to
+run the compiler or flatc (with flags the broker allows, on its own files), and one
+asking for none of them may not even do that."""
 
 from __future__ import annotations
 
@@ -81,18 +82,24 @@ def test_onnx_alone_needs_no_exec(runner: SandboxRunner) -> None:
 
 
 @needs_compiler
-def test_the_converters_profile_runs_only_their_programs(runner: SandboxRunner) -> None:
+def test_a_converting_job_runs_only_the_brokered_toolchain(runner: SandboxRunner) -> None:
     result = _run(runner, "hostile_converter.py", {"targets": ["onnx"], "verify": {"samples": 0}})
-    # Without aoti/executorch the job has no exec at all: even the control fails, and the
+    # Without aoti/executorch the broker runs nothing: even the control fails, and the
     # upload's own attempts are the job's outcome.
     assert result.error is not None
     assert result.error.code == "sandbox_violation"
     assert "control_compiler_runs': 'PermissionError'" in result.error.details["original_message"]
+    # With aoti the import's checks all hold (g++ ran through the broker; exec, fork, the
+    # dynamic loader, namespaces and every flag that loads or runs another program were
+    # refused), and the target still converts through the broker.
     result = _run(runner, "hostile_converter.py", {"targets": ["aoti"], "verify": {"samples": 0}})
-    assert result.error is None, result.error  # every attempt refused, g++ itself ran
+    assert result.error is None, result.error
     assert result.report.targets["aoti"].status == "succeeded"
     denied = [w for w in result.report.warnings if w.code == "sandbox_denied"]
-    assert denied and "subprocess.Popen" in denied[0].details["attempted"]
+    assert denied
+    assert {"subprocess.Popen", "os.fork", "os.posix_spawn"} <= set(denied[0].details["attempted"])
+    in_force = result.report.sandbox.details["in_force"] if result.report.sandbox else {}
+    assert "executables" not in in_force  # the job child itself may execute nothing
 
 
 def test_a_failed_target_is_a_warning_unless_required(runner: SandboxRunner) -> None:

@@ -1,10 +1,10 @@
 """What runs inside a locked-down job child: the export itself, talking to the worker
-only through the pipes it was given (progress lines out, round-trip requests to the
-zygote and their answers back).
+only through the pipes it was given (progress lines out, requests to the zygote —
+round trips and toolchain programs, requests.py — and their answers back).
 
 File descriptors of a job child (set up by the zygote before lockdown):
 0 /dev/null, 1 and 2 the job's output pipe, 3 progress (JSON lines to the worker),
-4 round-trip requests (to the zygote), 5 round-trip answers (from the zygote).
+4 requests (to the zygote), 5 answers (from the zygote).
 A loader child has 3 (its one-line answer, to the zygote) and 4 (the payload's path,
 from the zygote, once the job has written it).
 """
@@ -19,11 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PROGRESS_FD = 3
-ROUNDTRIP_REQUEST_FD = 4
-ROUNDTRIP_ANSWER_FD = 5
+from worker.sandbox.requests import channel
+from worker.sandbox.requests import install as brokered_subprocesses
 
-MAX_ANSWER = 1 << 20
+PROGRESS_FD = 3
 MAX_OPTIONS = 16 << 20
 """Read of the options file the worker wrote (more than any the API accepts)."""
 
@@ -137,7 +136,8 @@ class RoundtripRequests:
     the payload); calling the object sends the payload's path and waits for the answer.
 
     Request lines on fd 4: `{"pt2", "threads"}` starts a loader, `{"payload"}` hands it
-    the payload (both in one line does both). One JSON line comes back on fd 5.
+    the payload (both in one line does both). One JSON line comes back on fd 5
+    (requests.Channel sorts it from toolchain answers).
     """
 
     def __init__(self) -> None:
@@ -149,26 +149,18 @@ class RoundtripRequests:
         # The loader runs the program with this process's thread count, as the payload's
         # expected outputs were computed (a reduction split differently may round
         # differently).
-        self._send({"pt2": str(pt2), "threads": torch.get_num_threads()})
+        channel().send({"pt2": str(pt2), "threads": torch.get_num_threads()})
         self.prefetched = pt2
 
     def __call__(self, pt2: Path, payload: Path) -> dict[str, Any]:
         if self.prefetched != pt2:
             self.prefetch(pt2)
         self.prefetched = None
-        self._send({"payload": str(payload)})
-        answer = read_line(ROUNDTRIP_ANSWER_FD, MAX_ANSWER)
-        try:
-            parsed = json.loads(answer)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
+        channel().send({"payload": str(payload)})
+        parsed = channel().receive("roundtrip")
+        if parsed is None:
             return {"status": "failed", "reason": "the sandboxed loader gave no answer"}
         return parsed
-
-    @staticmethod
-    def _send(request: dict[str, Any]) -> None:
-        os.write(ROUNDTRIP_REQUEST_FD, (json.dumps(request) + "\n").encode())
 
 
 def run_export_job(spec: dict[str, Any]) -> int:
@@ -186,6 +178,9 @@ def run_export_job(spec: dict[str, Any]) -> int:
     out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
     attempts = _Attempts([Path(spec["model"]).parent, work_dir])
     sys.addaudithook(attempts.hook)
+    # Programs (a target's compiler, flatc) run in the zygote's toolchain children, never
+    # here: this process may not exec (toolchain.py).
+    brokered_subprocesses()
 
     requests = RoundtripRequests()
 

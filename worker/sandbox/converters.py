@@ -1,12 +1,15 @@
 """The programs a deployment target's conversion runs, found by the worker (trusted, without
-importing torch or the converters), so that the job child converting it may execute
-exactly these files and nothing else (`Confinement.executables`, Landlock's execute right).
+importing torch or the converters), so that the zygote's toolchain child (toolchain.py)
+may execute exactly these files and nothing else (`Confinement.executables`, Landlock's
+execute right). The job child itself never executes anything.
 
 Measured with `strace -f -e trace=execve` (docs/targets.md):
 - `onnx`: none.
 - `aoti`: the C++ compiler driver (`g++`, found on the job's PATH as torch's inductor finds
   it), `cc1plus` and `cc1` (the weights' `.S` file is preprocessed by `cc1 -E`), `as`,
-  `collect2`, `lto-wrapper` and `ld` — no `python -c` probe (the vector ISA is given).
+  `collect2` and `ld` — no `python -c` probe (the vector ISA is given). Not
+  `lto-wrapper`: link-time optimization runs it with options read from object files,
+  which the job writes.
 - `executorch`: the `flatc` binary shipped in the executorch wheel.
 Each executed ELF program also needs the dynamic loader (the kernel checks it like the
 program). Nothing here is ever given to a job that asked for none of these targets.
@@ -22,7 +25,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["JOB_PATH", "programs"]
+__all__ = ["JOB_PATH", "entry_points", "programs"]
 
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 """The PATH a job child has (lockdown.environment)."""
@@ -45,13 +48,27 @@ def programs(targets: Iterable[str]) -> list[Path]:
     return sorted(found)
 
 
+def entry_points(targets: Iterable[str]) -> dict[str, str]:
+    """The programs a job converting to `targets` may ask the toolchain broker to run, by
+    the name it asks with (`g++`, `flatc`): the compiler driver and flatc, never their
+    helpers, nor the dynamic loader."""
+    found: dict[str, str] = {}
+    for target in targets:
+        if target == "aoti" and _aoti():
+            found["g++"] = str(_aoti()[0])
+        if target == "executorch" and _executorch():
+            found["flatc"] = str(_executorch()[0])
+    return found
+
+
 @functools.cache
 def _aoti() -> tuple[Path, ...]:
+    """The driver first, then its helpers."""
     driver = shutil.which("g++", path=JOB_PATH)
     if driver is None:
         return ()
-    names = [driver]
-    for helper in ("cc1plus", "cc1", "collect2", "lto-wrapper"):
+    names = []
+    for helper in ("cc1plus", "cc1", "collect2"):
         try:
             answer = subprocess.run(
                 [driver, f"-print-prog-name={helper}"],
@@ -65,7 +82,8 @@ def _aoti() -> tuple[Path, ...]:
         names.append(answer if "/" in answer else shutil.which(answer, path=JOB_PATH) or "")
     for tool in ("as", "ld", "ld.bfd"):
         names.append(shutil.which(tool, path=JOB_PATH) or "")
-    return _resolved(names)
+    resolved = Path(driver).resolve()
+    return (resolved, *(path for path in _resolved(names) if path != resolved))
 
 
 @functools.cache

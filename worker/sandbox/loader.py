@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from worker.sandbox import child, protocol
 from worker.sandbox.lockdown import Confinement
 from worker.sandbox.processes import close_fd, describe_status, kill_group
+from worker.sandbox.requests import MAX_ANSWER
 
 if TYPE_CHECKING:
     from worker.sandbox.zygote import Job, Zygote
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_REQUEST", "MAX_ROUNDTRIPS", "Loaders", "answer", "load"]
 
 MAX_ROUNDTRIPS = 4
-MAX_REQUEST = 1 << 14
+MAX_REQUEST = 1 << 16
 
 
 class Loaders:
@@ -58,10 +59,14 @@ class Loaders:
 
     def _on_request_line(self, job: Job, line: bytes) -> None:
         """`{"pt2", "threads"}` starts a loader on that program; `{"payload"}` hands the
-        running loader its payload (both in one line: both). Anything else: a failed
-        answer. The job is untrusted: its paths reach only a locked-down loader."""
+        running loader its payload (both in one line: both); `{"exec"}` goes to the
+        toolchain broker (toolchain.py). Anything else: a failed answer. The job is
+        untrusted: its paths reach only a locked-down loader."""
         try:
             request = protocol.loads_untrusted(line, MAX_REQUEST)
+            if "exec" in request:  # a toolchain program (toolchain.py)
+                self.zygote.toolchains.on_request(job, request)
+                return
             pt2 = request.get("pt2")
             payload = request.get("payload")
             if pt2 is None and payload is None:
@@ -125,6 +130,7 @@ class Loaders:
                 zygote.become_child(conf, work, announce=False, prefault=learned)
         os.close(out_w)
         os.close(in_r)
+        zygote.announce_helper(job, pid)
         job.loader_pid, job.loader_fd, job.loader_out = pid, out_r, b""
         job.loader_in = in_w
         zygote.selector.register(out_r, selectors.EVENT_READ, ("loader", job.id))
@@ -137,7 +143,7 @@ class Loaders:
         except OSError:
             data = b""
         job.loader_out += data
-        if b"\n" in job.loader_out or not data or len(job.loader_out) > child.MAX_ANSWER:
+        if b"\n" in job.loader_out or not data or len(job.loader_out) > MAX_ANSWER:
             # Answer as soon as the line is complete: the job need not wait for the
             # loader's exit. The loader is done: it is killed now, and reaped later.
             self.finish(job, None)
@@ -160,7 +166,7 @@ class Loaders:
     def _answer_from_loader(self, job: Job, status: int | None) -> None:
         line = job.loader_out.split(b"\n", 1)[0]
         try:
-            reply = protocol.loads_untrusted(line, child.MAX_ANSWER)
+            reply = protocol.loads_untrusted(line, MAX_ANSWER)
         except ValueError:
             died = "no answer" if status is None else describe_status(status)
             reply = {"status": "failed", "reason": f"the loader died ({died})"}
@@ -172,7 +178,7 @@ class Loaders:
         assert job.loader_fd is not None
         os.set_blocking(job.loader_fd, False)
         try:
-            while len(job.loader_out) <= child.MAX_ANSWER:
+            while len(job.loader_out) <= MAX_ANSWER:
                 data = os.read(job.loader_fd, 1 << 16)
                 if not data:
                     break

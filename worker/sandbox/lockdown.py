@@ -64,7 +64,12 @@ class Confinement:
     executables: list[Path] = field(default_factory=list)
     """Files the child may execute (a deployment target's compiler and its helpers); with
     any, seccomp allows execve and process creation and Landlock allows executing exactly
-    these. Empty for every job that asks for no such target: no exec at all."""
+    these. Only a toolchain child (toolchain.py) has any: a job child, whatever its
+    targets, executes nothing."""
+    inert_mode_calls: bool = False
+    """The chmod family answers success and changes nothing (instead of EPERM): for a job
+    converting to a target whose tools chmod what they write (torch's inductor chmods its
+    cache entries), and for its toolchain children."""
 
 
 def prctl(option: int, arg: int) -> None:
@@ -141,7 +146,12 @@ def apply(conf: Confinement) -> dict[str, object]:
         except OSError as exc:
             raise LockdownError(f"Landlock could not be installed: {exc}") from exc
     try:
-        seccomp.install(os.getpid(), gpu=conf.gpu is not None, exec_programs=bool(conf.executables))
+        seccomp.install(
+            os.getpid(),
+            gpu=conf.gpu is not None,
+            exec_programs=bool(conf.executables),
+            inert_mode_calls=conf.inert_mode_calls or bool(conf.executables),
+        )
     except Exception as exc:
         raise LockdownError(f"seccomp could not be installed: {exc}") from exc
     in_force["seccomp"] = True

@@ -8,8 +8,9 @@ the job past `disk_mb` or `max_inodes`: `disk_quota_exceeded`.
 
 What is counted: the blocks allocated to every file and directory under the staging
 directory (sparse files count what they hold, not their length), every inode there, and
-the files the job's process keeps open after deleting them (found through
-`/proc/<pid>/fd`, where the worker may read it: root, or a same-uid worker). The walk
+the files the job's processes keep open after deleting them (found through
+`/proc/<pid>/fd` of every process of the job — tree.py: its loaders, toolchain children
+and what they started too — where the worker may read it: root, or a same-uid worker). The walk
 stops as soon as either limit is passed, so a job that made a million files costs one
 bounded walk. A job can overshoot by what it writes between two checks (and each file is
 capped by RLIMIT_FSIZE, which the runner lowers to `disk_mb`).
@@ -32,9 +33,9 @@ class DiskUse:
     bytes: int = 0
     inodes: int = 0
     unlinked_bytes: int = 0
-    """Of `bytes`: deleted files the job's process still holds open."""
+    """Of `bytes`: deleted files the job's processes still hold open."""
     open_files_checked: bool = False
-    """Whether the process's open files could be read (else deleted ones are not seen)."""
+    """Whether some process's open files could be read (else deleted ones are not seen)."""
 
     def peak(self, other: DiskUse) -> DiskUse:
         """The larger of each count of two measurements."""
@@ -50,9 +51,10 @@ class DiskUse:
         return self.bytes > limit_bytes or self.inodes > max_inodes
 
 
-def measure(root: Path, pid: int | None, limit_bytes: int, max_inodes: int) -> DiskUse:
-    """The disk use of `root`'s tree plus the deleted files `pid` holds open; stops
-    counting once past a limit (the result is then a lower bound that is over it)."""
+def measure(root: Path, pids: list[int], limit_bytes: int, max_inodes: int) -> DiskUse:
+    """The disk use of `root`'s tree plus the deleted files `pids` hold open (each file
+    once, whoever holds it); stops counting once past a limit (the result is then a lower
+    bound that is over it)."""
     use = DiskUse()
     stack = [str(root)]
     while stack and not use.over(limit_bytes, max_inodes):
@@ -73,13 +75,14 @@ def measure(root: Path, pid: int | None, limit_bytes: int, max_inodes: int) -> D
                     stack.append(entry.path)
                 if use.over(limit_bytes, max_inodes):
                     break
-    if pid is not None:
-        _add_unlinked(use, pid)
+    seen: set[tuple[int, int]] = set()
+    for pid in pids:
+        _add_unlinked(use, pid, seen)
+    use.bytes += use.unlinked_bytes
     return use
 
 
-def _add_unlinked(use: DiskUse, pid: int) -> None:
-    seen: set[tuple[int, int]] = set()
+def _add_unlinked(use: DiskUse, pid: int, seen: set[tuple[int, int]]) -> None:
     try:
         fds = os.scandir(f"/proc/{pid}/fd")
     except OSError:
@@ -98,4 +101,3 @@ def _add_unlinked(use: DiskUse, pid: int) -> None:
         except OSError:
             return  # the listing itself was refused
     use.open_files_checked = True
-    use.bytes += use.unlinked_bytes

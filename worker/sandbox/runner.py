@@ -357,11 +357,13 @@ class SandboxRunner:
         if group is not None:
             limits["cgroup"] = str(group)
         executables = converters.programs(options.targets)
-        if executables:  # the converters' profile (Zygote.confinement takes it out again)
+        if executables:  # the toolchain children's profile (toolchain.py; never the job's)
             limits["executables"] = [str(path) for path in executables]
+            limits["toolchain"] = converters.entry_points(options.targets)
         rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
         memory_bytes = (memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
         watch = supervisor.Watch()
+        watch.tree.group = group
         zygote.watches[job_id] = watch
         progress_r, progress_w = os.pipe2(os.O_CLOEXEC)
         output_r, output_w = os.pipe2(os.O_CLOEXEC)
@@ -404,7 +406,7 @@ class SandboxRunner:
         zygote.watches.pop(job_id, None)
         # What it left behind counts too: a job may fill its quota between two checks and
         # exit before the next.
-        if verdict is None and supervisor.measure_disk(staging, None, watch, self.settings):
+        if verdict is None and supervisor.measure_disk(staging, [], watch, self.settings):
             verdict = "disk_quota_exceeded"
         reader.join(timeout=self.settings.kill_grace_s)
         log.close()
@@ -418,6 +420,13 @@ class SandboxRunner:
             "zygote_restarts": self.restarts,
             "zygote_job": zygote_job,
             "disk": results.describe_disk(watch.disk, self.settings),
+            # The whole tree (tree.py), the most it was seen to hold together, and how the
+            # worker found its processes.
+            "memory": {
+                "limit_mb": memory_bytes >> 20,
+                "peak_mb": round(watch.tree_peak / (1 << 20), 1),
+                "tree": "cgroup" if group is not None else "sessions",
+            },
         }
         if zygote.info.get("mount_view"):
             details["mount_view"] = zygote.info["mount_view"]

@@ -4,7 +4,8 @@ A deny list on top of Landlock, rlimits and (where available) bubblewrap: the ca
 below fail with EPERM (so do `prlimit64` and `sched_setaffinity` on any process but
 the job's own, and signals to any process but its own), except `clone3`, which fails
 with ENOSYS so that glibc falls back to `clone`, where thread creation (CLONE_THREAD)
-stays allowed and process creation does not. Other architectures' system calls (e.g.
+stays allowed and process creation does not (nor, for any process, a new namespace:
+`CLONE_NAMESPACES`). Other architectures' system calls (e.g.
 i386 through `int 0x80`) kill the process (libseccomp's bad-arch action). A CUDA job on
 a GPU worker may also call `memfd_create` (`GPU_ALLOWED`); nothing else differs.
 
@@ -18,6 +19,18 @@ import errno
 from types import ModuleType
 
 CLONE_THREAD = 0x00010000
+CLONE_NAMESPACES = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+"""`clone` flags that make a new namespace: refused to every process of every job (a
+child in a new user namespace holds every capability there; `unshare` and `setns` are on
+the deny list, and `clone3`, whose flags seccomp cannot read, answers ENOSYS)."""
 
 DENIED: tuple[str, ...] = (
     # network and local sockets
@@ -160,16 +173,17 @@ exec is denied, RLIMIT_FSIZE caps its size and the RSS watchdog counts its pages
 
 
 EXEC_ALLOWED: tuple[str, ...] = ("execve", "execveat", "fork", "vfork")
-"""Taken off the deny list for a job that converts to a target needing programs (a C++
-compiler for AOTInductor, flatc for ExecuTorch): Landlock then limits execution to those
-files (`Confinement.executables`), and what they start inherits this filter (no
-sockets), Landlock (no writes outside the job's directories), the rlimits and the pids
-cgroup."""
+"""Taken off the deny list for a toolchain child (toolchain.py: the zygote's child that
+runs a target's compiler or flatc for a job, never uploaded code): Landlock then limits
+execution to those files (`Confinement.executables`), and what they start inherits this
+filter (no sockets, no namespaces), Landlock (no writes outside the job's directories),
+the rlimits and the job's cgroups."""
 
 
 MODE_CALLS: tuple[str, ...] = ("chmod", "fchmod", "fchmodat", "fchmodat2")
-"""File mode changes: refused to every job (EPERM); in the converters' profile they answer
-success without changing anything."""
+"""File mode changes: refused to every job (EPERM); for a job converting to `aoti` or
+`executorch`, and its toolchain children, they answer success without changing
+anything."""
 
 
 def denied(gpu: bool = False, exec_programs: bool = False) -> tuple[str, ...]:
@@ -179,14 +193,17 @@ def denied(gpu: bool = False, exec_programs: bool = False) -> tuple[str, ...]:
     return tuple(name for name in DENIED if name not in allowed)
 
 
-def install(own_pid: int, gpu: bool = False, exec_programs: bool = False) -> list[str]:
+def install(
+    own_pid: int, gpu: bool = False, exec_programs: bool = False, inert_mode_calls: bool = False
+) -> list[str]:
     """Load the filter into this process; returns the system calls it could not name.
 
     Signals (`kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`) are allowed
     only towards `own_pid` (a program it starts inherits the rule with the job's pid:
     it cannot signal anyone else, not even itself). `gpu` allows what the CUDA driver needs
     (`GPU_ALLOWED`); `exec_programs` allows execve and process creation
-    (`EXEC_ALLOWED`). Raises OSError when the kernel refuses the filter; the caller
+    (`EXEC_ALLOWED`); `inert_mode_calls` answers `MODE_CALLS` with success and no effect.
+    Namespaces are refused to all. Raises OSError when the kernel refuses the filter; the caller
     must then refuse the job.
     """
     seccomp = prepare()
@@ -196,7 +213,7 @@ def install(own_pid: int, gpu: bool = False, exec_programs: bool = False) -> lis
     for name in denied(gpu, exec_programs):
         # Converting, the compiler's toolchain and torch's inductor chmod what they write
         # (a cache entry's metadata): the call answers success and changes nothing.
-        action = seccomp.ERRNO(0) if exec_programs and name in MODE_CALLS else deny
+        action = seccomp.ERRNO(0) if inert_mode_calls and name in MODE_CALLS else deny
         try:
             flt.add_rule(action, name)
         except (ValueError, OSError, RuntimeError):
@@ -204,6 +221,8 @@ def install(own_pid: int, gpu: bool = False, exec_programs: bool = False) -> lis
     flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     if not exec_programs:
         flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+    for flag in CLONE_NAMESPACES.values():
+        flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         flt.add_rule(deny, name, seccomp.Arg(0, seccomp.NE, own_pid))
     # Limits and CPU placement: of this process only (pid 0 or its own). Another job's

@@ -23,6 +23,7 @@ from schemas import ExportOptions
 from worker.sandbox import quota
 from worker.sandbox.processes import read_rss
 from worker.sandbox.settings import SandboxSettings
+from worker.sandbox.tree import JobTree
 
 if TYPE_CHECKING:
     from worker.sandbox.outputs import Accepted
@@ -51,6 +52,10 @@ class Watch:
     """Round trips the zygote ran for the job: how many, how many in a spare loader."""
     disk: quota.DiskUse | None = None
     """The largest disk use measured while the job ran (the last one, if over)."""
+    tree: JobTree = field(default_factory=JobTree)
+    """Every process of the job (tree.py): memory and disk are limits of all of them."""
+    tree_peak: int = 0
+    """The most memory the job's processes were seen to hold together, in bytes."""
 
 
 def job_limits(
@@ -85,8 +90,12 @@ def supervise(
     settings: SandboxSettings,
     on_done: Callable[[], None] = lambda: None,
 ) -> tuple[str | None, dict[str, Any]]:
-    """Wait for the job; kill its process group on timeout, memory, disk or cancel.
-    `on_done` runs when the child says its outputs are written, while it exits."""
+    """Wait for the job; kill its processes on timeout, memory, disk or cancel.
+    `on_done` runs when the child says its outputs are written, while it exits.
+
+    Memory is checked twice: the job child's resident size on every turn (50 ms), and
+    the whole tree's (tree.py: loaders, toolchain children and what they started) with
+    the disk every `disk_check_interval_s`."""
     deadline = time.monotonic() + timeout
     outer: int | None = None
     verdict: str | None = None
@@ -100,6 +109,9 @@ def supervise(
             op = message.get("op")
             if op == "started":
                 outer = zygote.inner_to_outer(int(message["pid"]))
+                watch.tree.main = outer
+                if outer is not None:
+                    watch.tree.leaders.add(outer)
                 watch.spare = bool(message.get("spare"))
                 watch.prefault = bool(message.get("prefault"))
                 # A spare's warm-up left it this much more resident than the zygote.
@@ -111,6 +123,10 @@ def supervise(
                 return verdict, {"code": message.get("code"), "signal": message.get("signal")}
             elif op == "dead":
                 return verdict or "zygote_died", {}
+            elif op == "helper":  # a loader or toolchain child of the job
+                helper = zygote.inner_to_outer(int(message["pid"]))
+                if helper is not None:
+                    watch.tree.leaders.add(helper)
             elif op == "done" and verdict is None:
                 on_done()
             continue
@@ -123,10 +139,15 @@ def supervise(
                 verdict = "out_of_memory"
             elif time.monotonic() >= next_disk_check:
                 next_disk_check = time.monotonic() + settings.disk_check_interval_s
-                if measure_disk(staging, outer, watch, settings):
+                members = watch.tree.members()
+                held = watch.tree.memory(members)
+                watch.tree_peak = max(watch.tree_peak, held)
+                if held > memory_bytes:
+                    verdict = "out_of_memory"
+                elif measure_disk(staging, members, watch, settings):
                     verdict = "disk_quota_exceeded"
             if verdict is not None:
-                kill_job(zygote, job_id, outer)
+                kill_job(zygote, job_id, outer, watch.tree)
                 deadline = time.monotonic() + settings.kill_grace_s
         elif time.monotonic() > deadline:
             # The zygote did not confirm the kill: it is wedged, so replace it.
@@ -134,19 +155,23 @@ def supervise(
             return verdict, {}
 
 
-def measure_disk(staging: Path, pid: int | None, watch: Watch, settings: SandboxSettings) -> bool:
-    """Measure the job's disk use (quota.py); keep the largest in `watch.disk`. True when
-    it is over the quota."""
+def measure_disk(staging: Path, pids: list[int], watch: Watch, settings: SandboxSettings) -> bool:
+    """Measure the job's disk use (quota.py; the deleted files each of `pids` holds open
+    count too); keep the largest in `watch.disk`. True when it is over the quota."""
     limit = settings.disk_mb << 20
-    use = quota.measure(staging, pid, limit, settings.max_inodes)
+    use = quota.measure(staging, pids, limit, settings.max_inodes)
     watch.disk = use if watch.disk is None else watch.disk.peak(use)
     return use.over(limit, settings.max_inodes)
 
 
-def kill_job(zygote: ZygoteClient, job_id: str, outer: int | None) -> None:
-    """Kill the job's process group (when its pid is known) and ask the zygote to."""
-    if outer is not None:
+def kill_job(
+    zygote: ZygoteClient, job_id: str, outer: int | None, tree: JobTree | None = None
+) -> None:
+    """Kill the job's process groups (those whose leaders are known: the job child, its
+    loaders and toolchain children) and ask the zygote to."""
+    leaders = {outer} if outer is not None else set()
+    for leader in leaders | (tree.leaders if tree is not None else set()):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(outer, signal.SIGKILL)
+            os.killpg(leader, signal.SIGKILL)
     with contextlib.suppress(OSError):
         zygote.send({"op": "kill", "id": job_id})

@@ -43,6 +43,7 @@ from worker.sandbox.lockdown import (
 )
 from worker.sandbox.processes import close_fd, count_threads, kill_group, read_status_mb
 from worker.sandbox.spares import Spares
+from worker.sandbox.toolchain import Toolchains
 from worker.sandbox.warmup import (
     WARM_PAYLOAD,
     WARM_PROGRAM,
@@ -77,6 +78,14 @@ class Job:
     """Loaders that answered and were killed, not yet reaped."""
     closed: list[int] = field(default_factory=list)
     gpu: bool = False
+    toolchain_pid: int | None = None
+    """The job's running toolchain child (toolchain.py), if any."""
+    toolchain_runs: int = 0
+
+    def helpers(self) -> list[int]:
+        """The job's other processes: its loaders and its toolchain child."""
+        pids = [self.loader_pid, *self.old_loaders, self.toolchain_pid]
+        return [pid for pid in pids if pid is not None]
 
 
 class Zygote:
@@ -90,6 +99,7 @@ class Zygote:
         self.gpu: GpuAccess | None = None
         self.spares = Spares(self)
         self.loaders = Loaders(self)
+        self.toolchains = Toolchains(self)
         self.data_mb = 0
         self.rss_mb = 0
         self.mount_view: list[str] = []
@@ -224,9 +234,8 @@ class Zygote:
         elif op == "kill":
             job = self.jobs.get(str(message.get("id")))
             if job is not None:
-                kill_group(job.pid)
-                if job.loader_pid:
-                    kill_group(job.loader_pid)
+                for pid in (job.pid, *job.helpers()):
+                    kill_group(pid)
         for fd in fds:
             close_fd(fd)
         return True
@@ -242,8 +251,9 @@ class Zygote:
     ) -> Confinement:
         """The lockdown of a child of a job (job child or loader): the job's directories
         and limits, its own uid and cgroup when the worker gave them, and with
-        `exec_programs` (the job child only) the programs its targets run, when Landlock
-        can confine execution to them (never without Landlock)."""
+        `exec_programs` (a toolchain child only, never a process that runs uploaded code)
+        the programs its targets run, when Landlock can confine execution to them (never
+        without Landlock)."""
         given = dict(limits)  # the job's own uid and gid travel with its limits
         uid, gid = (
             given.pop("uid", self.config.get("uid")),
@@ -251,6 +261,7 @@ class Zygote:
         )
         cgroup: Any = given.pop("cgroup", None)  # a path among the ints
         programs: Any = given.pop("executables", None) or []  # paths among the ints
+        given.pop("toolchain", None)  # the entry points (toolchain.py)
         landlock = bool(self.config.get("landlock", True))
         return Confinement(
             limits=Limits(**given),
@@ -305,12 +316,18 @@ class Zygote:
             },
         )
 
+    def announce_helper(self, job: Job, pid: int) -> None:
+        """Tell the worker about a new process of `job` (a loader or a toolchain child):
+        its memory and open files count against the job's limits (tree.py)."""
+        protocol.send(self.ctl, {"op": "helper", "id": job.id, "pid": pid})
+
     def job_confinement(
         self, dirs: dict[str, str], limits: dict[str, int], gpu: bool, fds: list[int]
     ) -> Confinement:
         """A job child's confinement; `fds`: progress, output, round-trip request, answer."""
         progress, output, request, answer = fds
-        conf = self.confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu, exec_programs=True)
+        conf = self.confinement(dirs, limits, [dirs["out"], dirs["tmp"]], gpu)
+        conf.inert_mode_calls = bool(limits.get("toolchain"))
         conf.keep_fds = {1: output, 2: output, 3: progress, 4: request, 5: answer}
         return conf
 
@@ -376,16 +393,17 @@ class Zygote:
                     self.loaders.finish(job, status)
                 elif pid in job.old_loaders:
                     job.old_loaders.remove(pid)
+                elif pid == job.toolchain_pid:
+                    self.toolchains.finish(job, status)
                 elif pid == job.pid:
                     self._finish_job(job, status)
 
     def _finish_job(self, job: Job, status: int) -> None:
         kill_group(job.pid)  # anything the job left in its group
-        for loader in [job.loader_pid, *job.old_loaders]:
-            if loader is not None:  # no process of the job outlives it
-                kill_group(loader)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(loader, 0)
+        for helper in job.helpers():  # no process of the job outlives it
+            kill_group(helper)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(helper, 0)
         for fd in (job.request_fd, job.loader_fd):
             if fd is not None and fd >= 0:
                 with contextlib.suppress(KeyError, ValueError):
@@ -411,14 +429,12 @@ class Zygote:
     def _shutdown(self) -> None:
         self.spares.drop_all()
         for job in self.jobs.values():
-            for pid in (job.pid, job.loader_pid, *job.old_loaders):
-                if pid:
-                    kill_group(pid)
+            for pid in (job.pid, *job.helpers()):
+                kill_group(pid)
         for job in self.jobs.values():
-            for pid in (job.pid, job.loader_pid, *job.old_loaders):
-                if pid:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, 0)
+            for pid in (job.pid, *job.helpers()):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
 
 
 def main(argv: list[str] | None = None) -> None:
