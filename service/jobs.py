@@ -13,7 +13,7 @@ import json
 import uuid
 import zipfile
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -203,6 +203,22 @@ def _new_id() -> str:
     return str(uuid.uuid4())
 
 
+def _job_id_filter(job_id: str) -> ColumnElement[bool]:
+    """`Job.id == job_id` for an id that can exist.
+
+    Raises:
+        NotFound: an id holding a NUL byte (no job has one, and PostgreSQL text cannot
+            hold it: the query itself would fail).
+    """
+    if "\x00" in job_id:
+        raise NotFound(
+            "no such job: a job id never holds a NUL byte",
+            hint="use the `id` of a job you submitted, as `POST /v1/exports` answered it",
+            details={"job_id": job_id},
+        )
+    return Job.id == job_id
+
+
 def _owner_filter(caller: Caller) -> ColumnElement[bool]:
     return Job.owner_id.is_(None) if caller.key_id is None else Job.owner_id == caller.key_id
 
@@ -312,7 +328,7 @@ def get_job(session: Session, job_id: str, caller: Caller) -> Job:
     """
     job = session.scalar(
         select(Job)
-        .where(Job.id == job_id, _owner_filter(caller))
+        .where(_job_id_filter(job_id), _owner_filter(caller))
         .options(selectinload(Job.events), selectinload(Job.artifacts))
     )
     if job is None:
@@ -326,12 +342,26 @@ def _encode_cursor(job: Job) -> str:
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The position a cursor of `_encode_cursor` names.
+
+    Raises:
+        InvalidRequest: not such a cursor: undecodable, a time without its zone or outside
+            `datetime`'s range once in UTC (year 1 at +14:00), a job id with a NUL byte.
+    """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, job_id = raw.split("|", 1)
-        return datetime.fromisoformat(created), job_id
-    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
-        raise InvalidRequest("invalid cursor", details={"field": "cursor"}) from exc
+        created_text, job_id = raw.split("|", 1)
+        created = datetime.fromisoformat(created_text)
+        if created.tzinfo is None or "\x00" in job_id:
+            raise ValueError("not a cursor of this API")
+        return created.astimezone(UTC), job_id
+    except (ValueError, OverflowError, UnicodeDecodeError, binascii.Error) as exc:
+        raise InvalidRequest(
+            "invalid cursor",
+            hint="pass the `next_cursor` of the previous page as it was, or no cursor for the "
+            "first page",
+            details={"field": "cursor"},
+        ) from exc
 
 
 def list_jobs(
@@ -369,7 +399,7 @@ def cancel(session: Session, job_id: str, caller: Caller) -> Job:
         Conflict: the job already finished.
     """
     job = session.scalar(
-        select(Job).where(Job.id == job_id, _owner_filter(caller)).with_for_update()
+        select(Job).where(_job_id_filter(job_id), _owner_filter(caller)).with_for_update()
     )
     if job is None:
         raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})

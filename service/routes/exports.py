@@ -25,7 +25,7 @@ from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, queue_for
 from schemas import JobPublic, JobSpec, JobStatus
 from schemas.job import TERMINAL_STATUSES
-from schemas.limits import CALLBACK_URL_MAX_LENGTH
+from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
 from service import archives, jobs
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
@@ -86,7 +86,7 @@ UPLOAD_BODY: dict[str, Any] = {
                     "callback_url": {
                         "type": "string",
                         "maxLength": CALLBACK_URL_MAX_LENGTH,
-                        "pattern": "^https?://",
+                        "pattern": CALLBACK_URL_PATTERN,
                         "description": "POSTed the job body, signed, when the job ends.",
                     },
                 },
