@@ -6,14 +6,11 @@ and the caller enqueues only after the commit.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import uuid
 import zipfile
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -219,7 +216,7 @@ def _job_id_filter(job_id: str) -> ColumnElement[bool]:
     return Job.id == job_id
 
 
-def _owner_filter(caller: Caller) -> ColumnElement[bool]:
+def owner_filter(caller: Caller) -> ColumnElement[bool]:
     return Job.owner_id.is_(None) if caller.key_id is None else Job.owner_id == caller.key_id
 
 
@@ -242,7 +239,7 @@ def submit(
         RateLimited: the caller's key already has `max_concurrent_jobs` queued or running.
     """
     key = cache_key(spec, fingerprint)
-    owner = _owner_filter(caller)
+    owner = owner_filter(caller)
     if caller.key_id is not None:
         # One submission per key at a time, whichever API replica takes it: the in-flight
         # lookup, the concurrency count and the insert below cannot interleave.
@@ -328,67 +325,12 @@ def get_job(session: Session, job_id: str, caller: Caller) -> Job:
     """
     job = session.scalar(
         select(Job)
-        .where(_job_id_filter(job_id), _owner_filter(caller))
+        .where(_job_id_filter(job_id), owner_filter(caller))
         .options(selectinload(Job.events), selectinload(Job.artifacts))
     )
     if job is None:
         raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})
     return job
-
-
-def _encode_cursor(job: Job) -> str:
-    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor of `_encode_cursor` names.
-
-    Raises:
-        InvalidRequest: not such a cursor: undecodable, a time without its zone or outside
-            `datetime`'s range once in UTC (year 1 at +14:00), a job id with a NUL byte.
-    """
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_text, job_id = raw.split("|", 1)
-        created = datetime.fromisoformat(created_text)
-        if created.tzinfo is None or "\x00" in job_id:
-            raise ValueError("not a cursor of this API")
-        return created.astimezone(UTC), job_id
-    except (ValueError, OverflowError, UnicodeDecodeError, binascii.Error) as exc:
-        raise InvalidRequest(
-            "invalid cursor",
-            hint="pass the `next_cursor` of the previous page as it was, or no cursor for the "
-            "first page",
-            details={"field": "cursor"},
-        ) from exc
-
-
-def list_jobs(
-    session: Session,
-    caller: Caller,
-    *,
-    status: str | None,
-    limit: int,
-    cursor: str | None,
-) -> tuple[list[Job], str | None]:
-    """The caller's jobs, newest first; returns one page and the cursor of the next."""
-    query = select(Job).where(_owner_filter(caller))
-    if status is not None:
-        query = query.where(Job.status == status)
-    if cursor is not None:
-        created, job_id = _decode_cursor(cursor)
-        query = query.where(
-            (Job.created_at < created) | ((Job.created_at == created) & (Job.id < job_id))
-        )
-    query = (
-        query.order_by(Job.created_at.desc(), Job.id.desc())
-        .limit(limit + 1)
-        .options(selectinload(Job.events), selectinload(Job.artifacts))
-    )
-    jobs = list(session.scalars(query))
-    next_cursor = _encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
-    return jobs[:limit], next_cursor
 
 
 def cancel(session: Session, job_id: str, caller: Caller) -> Job:
@@ -399,7 +341,7 @@ def cancel(session: Session, job_id: str, caller: Caller) -> Job:
         Conflict: the job already finished.
     """
     job = session.scalar(
-        select(Job).where(_job_id_filter(job_id), _owner_filter(caller)).with_for_update()
+        select(Job).where(_job_id_filter(job_id), owner_filter(caller)).with_for_update()
     )
     if job is None:
         raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})

@@ -23,10 +23,10 @@ from starlette.concurrency import run_in_threadpool
 from persistence import records
 from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, queue_for
-from schemas import JobPublic, JobSpec, JobStatus
+from schemas import JobPublic, JobSpec, JobStatus, JobSummary
 from schemas.job import TERMINAL_STATUSES
 from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
-from service import archives, jobs
+from service import archives, jobs, listing
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
     Conflict,
@@ -97,9 +97,9 @@ UPLOAD_BODY: dict[str, Any] = {
 
 
 class JobList(BaseModel):
-    """One page of jobs, newest first."""
+    """One page of job summaries, newest first (the whole job: `GET /v1/exports/{id}`)."""
 
-    items: list[JobPublic]
+    items: list[JobSummary]
     next_cursor: str | None = Field(
         default=None, description="Pass as `cursor` for the next page; null on the last."
     )
@@ -181,9 +181,11 @@ def list_exports(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> JobList:
-    """The caller's jobs, newest first, one page at a time."""
-    page, next_cursor = jobs.list_jobs(session, caller, status=status, limit=limit, cursor=cursor)
-    return JobList(items=[records.to_public(job) for job in page], next_cursor=next_cursor)
+    """The caller's jobs as summaries, newest first, one page at a time."""
+    page, next_cursor = listing.list_jobs(
+        session, caller, status=status, limit=limit, cursor=cursor
+    )
+    return JobList(items=page, next_cursor=next_cursor)
 
 
 @router.get(

@@ -12,36 +12,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from schemas.errors import ErrorBody
-from service.app import build_state, create_app
-from service.settings import ServiceSettings
-from tests.service.conftest import LOOPBACK_CLIENT, model_file
+from tests.service.conftest import model_file
 
 JOB_PATHS = ("", "/events", "/artifacts/program.pt2", "/uploads/model", "/uploads/model/files/a.py")
-
-
-@pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[TestClient]:
-    """The API as `torchport serve` runs it: SQLite and the folder broker."""
-    settings = ServiceSettings(data_dir=tmp_path / "embedded", reaper_interval_s=3600.0)
-    state = build_state(settings)
-    with TestClient(create_app(state=state), client=LOOPBACK_CLIENT) as test_client:
-        yield test_client
-    state.engine.dispose()
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def any_setup(request: pytest.FixtureRequest) -> TestClient:
-    client: TestClient = request.getfixturevalue(
-        "client" if request.param == "postgresql" else "embedded"
-    )
-    return client
 
 
 def _code(answer: object) -> str:
