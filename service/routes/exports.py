@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from persistence import records
 from persistence.lifecycle import mark_unsent
-from persistence.queue import enqueue_export, queue_for
+from persistence.queue import enqueue_export, enqueue_webhook, queue_for
 from schemas import JobPublic, JobSpec, JobStatus, JobSummary
 from schemas.job import TERMINAL_STATUSES
 from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
@@ -134,6 +134,13 @@ def _enqueue_after_commit(state: AppState, job: JobPublic) -> None:
         mark_unsent(state.sessions, job.id)
 
 
+def _send_webhook_after_commit(state: AppState, job: JobPublic) -> None:
+    try:
+        enqueue_webhook(state.celery, job.id)
+    except Exception:
+        logger.exception("could not send the webhook of job %s; it stays pending", job.id)
+
+
 @router.post(
     "",
     status_code=202,
@@ -165,6 +172,9 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
         state.metrics.submissions.labels("queued").inc()
     else:
         state.metrics.submissions.labels("cache_hit" if public.cache_hit else "duplicate").inc()
+    if public.cache_hit and public.webhook is not None:
+        # Finished here, not by a worker: the API sends its completion callback.
+        await run_in_threadpool(_send_webhook_after_commit, state, public)
     return _job_response(public, 202)
 
 
