@@ -15,10 +15,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,36 +26,15 @@ from schemas import JobPublic
 from service.deps import AppState
 from tests.service.conftest import REDIS_URL, ROOT, model_file
 from tests.service.test_exports import complete
+from tests.webhook_receiver import Receiver
 
 SECRET = "cache-hit-secret-of-at-least-32-characters"
 """The keyless server's webhook secret (`TORCHPORT_WEBHOOK_SECRET`)."""
 
 
-class Receiver:
-    """An HTTP server on 127.0.0.1 that answers 204 and keeps what it was sent."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-        received = self.requests
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append((dict(self.headers), body))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    receiving = Receiver()
+    receiving = Receiver(204)
     yield receiving
     receiving.server.shutdown()
 
