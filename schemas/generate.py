@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from schemas.environment import EnvironmentList
 from schemas.errors import ErrorBody
 from schemas.graph import GraphDocument
-from schemas.job import JobPublic, JobSpec
+from schemas.job import JobPublic, JobSpec, JobSummary
 from schemas.options import SubmittedOptions
 from schemas.report import ReportDocument
 from schemas.signature import SignatureDocument
@@ -27,6 +27,7 @@ DOCUMENTS: dict[str, type[BaseModel]] = {
     "signature": SignatureDocument,
     "report": ReportDocument,
     "job": JobPublic,
+    "job-summary": JobSummary,
     "environment": EnvironmentList,
 }
 JSON_DIR = Path(__file__).parent / "json"

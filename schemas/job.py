@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from schemas._base import StrictModel
-from schemas.errors import ErrorBody, Stage
+from schemas.errors import ErrorBody, ErrorCode, Stage
 from schemas.options import CallbackUrl, ExportOptions, SubmittedOptions
 
 JOB_SPEC_VERSION: Literal[1] = 1
@@ -137,3 +137,30 @@ class JobPublic(StrictModel):
     weights_name: str | None = Field(
         default=None, description="The uploaded weights file's name; null when none was uploaded."
     )
+
+
+class ErrorSummary(StrictModel):
+    """What a job summary says of the job's error: its code (the whole error is in the job)."""
+
+    code: ErrorCode
+
+
+class JobSummary(StrictModel):
+    """A job as the jobs list shows it (`GET /v1/exports`): a few hundred bytes whatever the
+    job recorded. No stage events, options, artifacts or error text: the whole job is at
+    `GET /v1/exports/{id}`."""
+
+    id: str
+    status: JobStatus
+    stage: Stage | None = None
+    error: ErrorSummary | None = Field(
+        default=None, description="The code of the job's error; null when it has none."
+    )
+    cache_hit: bool = False
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: int = 0
+    model_name: str | None = None
+    inputs_name: str | None = None
+    weights_name: str | None = None

@@ -22,4 +22,13 @@ ZIP_MAX_UNPACKED_BYTES = 256 * 1024 * 1024
 CALLBACK_URL_MAX_LENGTH = 2048
 """Longest `callback_url`, in characters (the form field may hold 4 UTF-8 bytes each)."""
 
-__all__ = ["CALLBACK_URL_MAX_LENGTH", "MAX_TIMEOUT_S", "ZIP_MAX_ENTRIES", "ZIP_MAX_UNPACKED_BYTES"]
+CALLBACK_URL_PATTERN = r"^https?://[^\x00-\x1f\x7f]*$"
+"""An http(s) URL without control characters (a NUL cannot even be stored by PostgreSQL)."""
+
+__all__ = [
+    "CALLBACK_URL_MAX_LENGTH",
+    "CALLBACK_URL_PATTERN",
+    "MAX_TIMEOUT_S",
+    "ZIP_MAX_ENTRIES",
+    "ZIP_MAX_UNPACKED_BYTES",
+]

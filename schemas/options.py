@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from schemas._base import StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
-from schemas.limits import CALLBACK_URL_MAX_LENGTH, MAX_TIMEOUT_S
+from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN, MAX_TIMEOUT_S
 
 
 class DecompositionOptions(StrictModel):
@@ -137,7 +137,9 @@ class ExportOptions(StrictModel):
         return self
 
 
-CallbackUrl = Annotated[str, Field(max_length=CALLBACK_URL_MAX_LENGTH, pattern=r"^https?://")]
+CallbackUrl = Annotated[
+    str, Field(max_length=CALLBACK_URL_MAX_LENGTH, pattern=CALLBACK_URL_PATTERN)
+]
 """Where a job's completion callback is POSTed (docs/contract.md §7)."""
 
 

@@ -64,6 +64,13 @@ def build_state(settings: ServiceSettings) -> AppState:
             settings.rate_limit_per_minute,
             key_prefix=settings.broker_key_prefix,
         ),
+        auth_failure_limiter=make_rate_limiter(
+            settings.resolved_broker_url,
+            settings.auth_failures_per_minute,
+            key_prefix=settings.broker_key_prefix,
+            capacity=settings.auth_failures_burst,
+            name="authfail",
+        ),
         metrics=Metrics(sessions),
         fingerprint=engine_fingerprint(),
         hub=EventHub(broker_url, settings.broker_key_prefix, data_dir=settings.data_dir),

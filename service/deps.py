@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from persistence.store import ArtifactStore
 from service.auth import Authenticator, Caller, Limiter
+from service.errors import RateLimited, Unauthorized
 from service.metrics import Metrics
 from service.settings import ServiceSettings
 from service.streams import EventHub, StreamLimiter
@@ -29,6 +30,8 @@ class AppState:
     celery: Celery
     authenticator: Authenticator
     rate_limiter: Limiter
+    auth_failure_limiter: Limiter
+    """Failed authentications per client address (`service.auth.make_rate_limiter`)."""
     metrics: Metrics
     fingerprint: str
     hub: EventHub
@@ -54,20 +57,43 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 async def get_caller(
+    request: Request,
     state: StateDep,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Caller:
     """The authenticated caller, counted against its rate limit.
 
+    A client address that sent too many keys that are not valid is answered
+    `rate_limited` before its key is even looked at, so guessing keys gets nowhere.
+
     Async on purpose: lookups are cached (`service.auth.CACHE_TTL_S`), so the rare
     database query on a miss is cheaper on the loop than a thread hop on every request.
     """
-    caller = state.authenticator.authenticate(authorization)
+    address = request.client.host if request.client else "local"
+    guarded = authorization is not None and state.authenticator.keys_configured()
+    if guarded and (wait := state.auth_failure_limiter.take(address, cost=0)) is not None:
+        raise _too_many_failures(wait)
+    try:
+        caller = state.authenticator.authenticate(authorization)
+    except Unauthorized:
+        if guarded and (wait := state.auth_failure_limiter.take(address)) is not None:
+            raise _too_many_failures(wait) from None
+        raise
     if caller.key_id is not None:
         # Without keys the app answers loopback callers only (service.app), and the one
         # local user is not throttled. Shared through Redis by every replica.
         state.rate_limiter.check(caller.identity)
     return caller
+
+
+def _too_many_failures(retry_after_s: float) -> RateLimited:
+    return RateLimited(
+        "too many failed authentications from this address",
+        hint="check the API key you send (`Authorization: Bearer tp_…`), then retry after "
+        "Retry-After seconds",
+        retry_after_s=retry_after_s,
+        details={"reason": "auth_failures"},
+    )
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -6,14 +6,11 @@ and the caller enqueues only after the commit.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import uuid
 import zipfile
 from dataclasses import dataclass
-from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -203,7 +200,23 @@ def _new_id() -> str:
     return str(uuid.uuid4())
 
 
-def _owner_filter(caller: Caller) -> ColumnElement[bool]:
+def _job_id_filter(job_id: str) -> ColumnElement[bool]:
+    """`Job.id == job_id` for an id that can exist.
+
+    Raises:
+        NotFound: an id holding a NUL byte (no job has one, and PostgreSQL text cannot
+            hold it: the query itself would fail).
+    """
+    if "\x00" in job_id:
+        raise NotFound(
+            "no such job: a job id never holds a NUL byte",
+            hint="use the `id` of a job you submitted, as `POST /v1/exports` answered it",
+            details={"job_id": job_id},
+        )
+    return Job.id == job_id
+
+
+def owner_filter(caller: Caller) -> ColumnElement[bool]:
     return Job.owner_id.is_(None) if caller.key_id is None else Job.owner_id == caller.key_id
 
 
@@ -226,7 +239,7 @@ def submit(
         RateLimited: the caller's key already has `max_concurrent_jobs` queued or running.
     """
     key = cache_key(spec, fingerprint)
-    owner = _owner_filter(caller)
+    owner = owner_filter(caller)
     if caller.key_id is not None:
         # One submission per key at a time, whichever API replica takes it: the in-flight
         # lookup, the concurrency count and the insert below cannot interleave.
@@ -312,53 +325,12 @@ def get_job(session: Session, job_id: str, caller: Caller) -> Job:
     """
     job = session.scalar(
         select(Job)
-        .where(Job.id == job_id, _owner_filter(caller))
+        .where(_job_id_filter(job_id), owner_filter(caller))
         .options(selectinload(Job.events), selectinload(Job.artifacts))
     )
     if job is None:
         raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})
     return job
-
-
-def _encode_cursor(job: Job) -> str:
-    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, job_id = raw.split("|", 1)
-        return datetime.fromisoformat(created), job_id
-    except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
-        raise InvalidRequest("invalid cursor", details={"field": "cursor"}) from exc
-
-
-def list_jobs(
-    session: Session,
-    caller: Caller,
-    *,
-    status: str | None,
-    limit: int,
-    cursor: str | None,
-) -> tuple[list[Job], str | None]:
-    """The caller's jobs, newest first; returns one page and the cursor of the next."""
-    query = select(Job).where(_owner_filter(caller))
-    if status is not None:
-        query = query.where(Job.status == status)
-    if cursor is not None:
-        created, job_id = _decode_cursor(cursor)
-        query = query.where(
-            (Job.created_at < created) | ((Job.created_at == created) & (Job.id < job_id))
-        )
-    query = (
-        query.order_by(Job.created_at.desc(), Job.id.desc())
-        .limit(limit + 1)
-        .options(selectinload(Job.events), selectinload(Job.artifacts))
-    )
-    jobs = list(session.scalars(query))
-    next_cursor = _encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
-    return jobs[:limit], next_cursor
 
 
 def cancel(session: Session, job_id: str, caller: Caller) -> Job:
@@ -369,7 +341,7 @@ def cancel(session: Session, job_id: str, caller: Caller) -> Job:
         Conflict: the job already finished.
     """
     job = session.scalar(
-        select(Job).where(Job.id == job_id, _owner_filter(caller)).with_for_update()
+        select(Job).where(_job_id_filter(job_id), owner_filter(caller)).with_for_update()
     )
     if job is None:
         raise NotFound(f"no job {job_id!r}", details={"job_id": job_id})

@@ -27,6 +27,20 @@ class ServiceSettings(CommonSettings):
         description="Requests per minute per API key (keyless loopback servers are not "
         "limited); one bucket in Redis for all API replicas when Redis is the broker.",
     )
+    auth_failures_per_minute: int = Field(
+        default=30,
+        gt=0,
+        description="Failed authentications (an Authorization header with no valid key) one "
+        "client address may make per minute, refilled continuously; over the burst, that "
+        "address is answered `rate_limited` 429 before its key is looked at. One count in "
+        "Redis for all API replicas when Redis is the broker.",
+    )
+    auth_failures_burst: int = Field(
+        default=20,
+        gt=0,
+        description="Failed authentications one client address may make at once before "
+        "`TORCHPORT_AUTH_FAILURES_PER_MINUTE` applies.",
+    )
     max_concurrent_jobs: int = Field(
         default=8, gt=0, description="Queued plus running jobs one API key may have."
     )

@@ -26,7 +26,7 @@ import httpx
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import EnvironmentList, ErrorBody, JobPublic, StageEvent
+from schemas import EnvironmentList, ErrorBody, JobPublic, JobSummary, StageEvent
 from schemas.job import TERMINAL_STATUSES
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -270,8 +270,9 @@ class Client:
         """An existing job by id."""
         return Job(self, self._get_job(job_id))
 
-    def jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[Job]:
-        """Your jobs, newest first, following the pagination cursor."""
+    def jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[JobSummary]:
+        """Summaries of your jobs, newest first, following the pagination cursor;
+        `job(summary.id)` has the whole job."""
         cursor: str | None = None
         while True:
             params: dict[str, Any] = {"limit": page_size}
@@ -283,7 +284,7 @@ class Client:
             _raise_for(response)
             page = response.json()
             for item in page["items"]:
-                yield Job(self, JobPublic.model_validate(item))
+                yield JobSummary.model_validate(item)
             cursor = page.get("next_cursor")
             if not cursor:
                 return

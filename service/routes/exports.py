@@ -22,11 +22,11 @@ from starlette.concurrency import run_in_threadpool
 
 from persistence import records
 from persistence.lifecycle import mark_unsent
-from persistence.queue import enqueue_export, queue_for
-from schemas import JobPublic, JobSpec, JobStatus
+from persistence.queue import enqueue_export, enqueue_webhook, queue_for
+from schemas import JobPublic, JobSpec, JobStatus, JobSummary
 from schemas.job import TERMINAL_STATUSES
-from schemas.limits import CALLBACK_URL_MAX_LENGTH
-from service import archives, jobs
+from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
+from service import archives, jobs, listing
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
     Conflict,
@@ -86,7 +86,7 @@ UPLOAD_BODY: dict[str, Any] = {
                     "callback_url": {
                         "type": "string",
                         "maxLength": CALLBACK_URL_MAX_LENGTH,
-                        "pattern": "^https?://",
+                        "pattern": CALLBACK_URL_PATTERN,
                         "description": "POSTed the job body, signed, when the job ends.",
                     },
                 },
@@ -97,9 +97,9 @@ UPLOAD_BODY: dict[str, Any] = {
 
 
 class JobList(BaseModel):
-    """One page of jobs, newest first."""
+    """One page of job summaries, newest first (the whole job: `GET /v1/exports/{id}`)."""
 
-    items: list[JobPublic]
+    items: list[JobSummary]
     next_cursor: str | None = Field(
         default=None, description="Pass as `cursor` for the next page; null on the last."
     )
@@ -134,6 +134,13 @@ def _enqueue_after_commit(state: AppState, job: JobPublic) -> None:
         mark_unsent(state.sessions, job.id)
 
 
+def _send_webhook_after_commit(state: AppState, job: JobPublic) -> None:
+    try:
+        enqueue_webhook(state.celery, job.id)
+    except Exception:
+        logger.exception("could not send the webhook of job %s; it stays pending", job.id)
+
+
 @router.post(
     "",
     status_code=202,
@@ -165,6 +172,9 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
         state.metrics.submissions.labels("queued").inc()
     else:
         state.metrics.submissions.labels("cache_hit" if public.cache_hit else "duplicate").inc()
+    if public.cache_hit and public.webhook is not None:
+        # Finished here, not by a worker: the API sends its completion callback.
+        await run_in_threadpool(_send_webhook_after_commit, state, public)
     return _job_response(public, 202)
 
 
@@ -181,9 +191,11 @@ def list_exports(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> JobList:
-    """The caller's jobs, newest first, one page at a time."""
-    page, next_cursor = jobs.list_jobs(session, caller, status=status, limit=limit, cursor=cursor)
-    return JobList(items=[records.to_public(job) for job in page], next_cursor=next_cursor)
+    """The caller's jobs as summaries, newest first, one page at a time."""
+    page, next_cursor = listing.list_jobs(
+        session, caller, status=status, limit=limit, cursor=cursor
+    )
+    return JobList(items=page, next_cursor=next_cursor)
 
 
 @router.get(

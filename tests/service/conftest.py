@@ -97,3 +97,28 @@ def client(state: AppState) -> Iterator[TestClient]:
 def model_file(name: str = "service_small.py") -> tuple[str, bytes]:
     """(file name, bytes) of a model fixture."""
     return name, (MODELS / name).read_bytes()
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[TestClient]:
+    """The API as `torchport serve` runs it: SQLite and the folder broker."""
+    data_dir = tmp_path / "embedded"
+    settings = ServiceSettings(
+        data_dir=data_dir,
+        database_url=f"sqlite:///{data_dir / 'torchport.db'}",
+        broker_url="filesystem://",
+        reaper_interval_s=3600.0,
+    )
+    state = build_state(settings)
+    with TestClient(create_app(state=state), client=LOOPBACK_CLIENT) as test_client:
+        yield test_client
+    state.engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def any_setup(request: pytest.FixtureRequest) -> TestClient:
+    """The API on PostgreSQL and Redis (`client`), then on the embedded setup."""
+    client: TestClient = request.getfixturevalue(
+        "client" if request.param == "postgresql" else "embedded"
+    )
+    return client

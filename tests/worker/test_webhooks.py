@@ -9,9 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from sqlalchemy import update
 from persistence.database import transaction
 from persistence.models import Job
 from service.auth import create_key
+from tests.webhook_receiver import Receiver
 from tests.worker.test_execution import add_job, public
 from worker.execution import WorkerContext
 from worker.webhooks import DELIVERY_FAILED, DeliveryFailed, deliver
@@ -30,27 +29,6 @@ def context(context: WorkerContext) -> WorkerContext:
     """The worker context, allowed to deliver to this machine's test receivers."""
     context.settings = context.settings.model_copy(update={"webhook_allow_hosts": "127.0.0.1"})
     return context
-
-
-class Receiver:
-    def __init__(self, status: int) -> None:
-        self.status = status
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.requests.append((dict(self.headers), body))
-                self.send_response(receiver.status)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 @pytest.fixture
