@@ -1,5 +1,5 @@
-"""Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys, and
-the environments workers describe when they start.
+"""Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys, the
+leases of stored blobs, and the environments workers describe when they start.
 
 The job row is the source of truth for a job's status; the broker only carries its id.
 Schema changes go through Alembic (`service/migrations/`).
@@ -105,6 +105,9 @@ class Job(Base):
     webhook_last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     webhook_last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     webhook_delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    """When the collector let the job's uploads and artifacts go (`persistence.retention`);
+    the row and its status stay."""
 
     events: Mapped[list[StageEventRow]] = relationship(
         order_by="StageEventRow.seq", cascade="all, delete-orphan", lazy="raise"
@@ -117,6 +120,10 @@ class Job(Base):
         Index("ix_jobs_owner_created", "owner_id", "created_at", "id"),
         Index("ix_jobs_status", "status"),
         Index("ix_jobs_cache_key", "cache_key"),
+        # The collector asks, per blob, whether a job still refers to it.
+        Index("ix_jobs_model_sha256", "model_sha256"),
+        Index("ix_jobs_inputs_sha256", "inputs_sha256"),
+        Index("ix_jobs_weights_sha256", "weights_sha256"),
     )
 
 
@@ -150,6 +157,21 @@ class Artifact(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     media_type: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    __table_args__ = (Index("ix_artifacts_sha256", "sha256"),)
+
+
+class Blob(Base):
+    """A blob of the store and its lease: the last time a writer (a submission, a worker
+    storing artifacts, a cache hit) said it was about to rely on it. The collector deletes
+    a blob only together with this row (`persistence.retention`)."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Bytes; null for uploads stored before blobs were recorded (migration 0004)."""
+    leased_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class WorkerEnvironmentRow(Base):

@@ -113,6 +113,7 @@ def to_public(job: Job) -> JobPublic:
         model_name=job.model_name,
         inputs_name=job.inputs_name,
         weights_name=job.weights_name,
+        expired_at=job.expired_at,
     )
 
 

@@ -98,6 +98,11 @@ class ArtifactStore(Protocol):
         """Copy a blob to a new local file of its own (never a link to the blob)."""
         ...
 
+    def delete(self, sha256: str) -> None:
+        """Remove a blob; a blob already gone is no error (`persistence.retention` decides
+        which may go)."""
+        ...
+
     def check(self) -> None:
         """Raise StoreError unless the store is reachable and writable."""
         ...
@@ -241,6 +246,13 @@ class LocalStore:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, dest)
 
+    def delete(self, sha256: str) -> None:
+        """Remove the blob's file (readers that opened it keep reading it)."""
+        try:
+            self._path(sha256).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"could not delete blob {sha256}: {exc}") from exc
+
     def check(self) -> None:
         """Raise StoreError unless the directory is writable."""
         try:
@@ -328,6 +340,10 @@ class S3Store:
         """Download the object to `dest`."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         self._call("download_file", Bucket=self.bucket, Key=self._key(sha256), Filename=str(dest))
+
+    def delete(self, sha256: str) -> None:
+        """Delete the object (S3 answers a missing key as deleted)."""
+        self._call("delete_object", Bucket=self.bucket, Key=self._key(sha256))
 
     def check(self) -> None:
         """Raise StoreError unless the bucket answers."""

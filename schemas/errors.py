@@ -36,6 +36,8 @@ ErrorCode = Literal[
     "environment_mismatch",
     "disk_quota_exceeded",
     "target_failed",
+    "expired",
+    "storage_quota_exceeded",
 ]
 """Stable codes: add, never rename."""
 

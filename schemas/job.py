@@ -137,6 +137,11 @@ class JobPublic(StrictModel):
     weights_name: str | None = Field(
         default=None, description="The uploaded weights file's name; null when none was uploaded."
     )
+    expired_at: datetime | None = Field(
+        default=None,
+        description="When the job's uploads and artifacts were deleted, its retention time "
+        "having passed (their routes answer `expired`); null while they are kept.",
+    )
 
 
 class ErrorSummary(StrictModel):

@@ -142,6 +142,23 @@ CATALOGUE: dict[str, Outcome] = {
         Outcome("rate_limited", 429, "Too many requests.", "Wait and retry.", False),
         Outcome("internal_error", 500, "Something went wrong inside torchport.", _BUG),
         Outcome("conflict", 409, "The job's state does not allow this.", None, False),
+        Outcome(
+            "expired",
+            410,
+            "The job's files have expired and were deleted.",
+            "Submit the job again: a server keeps a finished job's uploads and artifacts "
+            "for TORCHPORT_RETENTION_HOURS.",
+            False,
+        ),
+        Outcome(
+            "storage_quota_exceeded",
+            413,
+            "This key holds more in the store than its quota allows.",
+            "Wait until older jobs expire (their uploads and artifacts are kept for "
+            "TORCHPORT_RETENTION_HOURS), or ask the operator for a larger "
+            "TORCHPORT_STORAGE_QUOTA_BYTES.",
+            False,
+        ),
     )
 }
 """Code → outcome; every `ErrorCode` has exactly one entry."""

@@ -22,6 +22,7 @@ from persistence.database import make_engine, make_session_factory, migrate
 from persistence.lifecycle import recover_lost_jobs
 from persistence.notices import make_publisher, publish_after_commit
 from persistence.queue import enqueue_export, make_celery
+from persistence.retention import Collection, collect
 from persistence.store import open_store
 from service import web
 from service.auth import Authenticator, is_loopback, make_rate_limiter
@@ -100,9 +101,33 @@ async def _reaper(state: AppState) -> None:
             logger.exception("lost-job recovery failed; trying again later")
 
 
+def collect_once(state: AppState) -> Collection:
+    """One pass of the collector: expire jobs past their retention, delete the blobs no
+    unexpired job refers to (`persistence.retention`)."""
+    result = collect(state.sessions, state.store, retention=state.settings.retention)
+    if result.expired_jobs or result.deleted:
+        logger.info(
+            "retention: %d jobs expired, %d blobs (%d bytes) deleted",
+            len(result.expired_jobs),
+            len(result.deleted),
+            result.deleted_bytes,
+        )
+    return result
+
+
+async def _collector(state: AppState) -> None:
+    while True:  # at start too: `torchport serve` may never run an hour
+        try:
+            await run_in_threadpool(collect_once, state)
+        except Exception:
+            logger.exception("collecting expired files failed; trying again later")
+        await asyncio.sleep(state.settings.gc_interval_s)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Build the state (unless a test injected one), run the reaper, release on shutdown."""
+    """Build the state (unless a test injected one), run the reaper and the collector,
+    release on shutdown."""
     state: AppState | None = getattr(app.state, "torchport", None)
     if state is None:
         state = build_state(app.state.settings)
@@ -112,13 +137,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         logger.warning("no API keys configured: the API is open to anyone who can reach it")
     await state.hub.start()  # subscribed before the first stream loads its job
-    reaper = asyncio.create_task(_reaper(state))
+    tasks = [asyncio.create_task(_reaper(state)), asyncio.create_task(_collector(state))]
     try:
         yield
     finally:
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await state.hub.stop()
         state.engine.dispose()
 

@@ -8,6 +8,8 @@ ServiceError                   (code, status_code, message, hint, details, heade
 ├── Forbidden                  forbidden         403
 ├── NotFound                   not_found         404
 ├── Conflict                   conflict          409  (the job's state does not allow it)
+├── Expired                    expired           410  (the job's files are gone)
+├── StorageQuotaExceeded       storage_quota_exceeded 413  (the key holds too much)
 ├── RateLimited                rate_limited      429  (Retry-After)
 └── InternalError              internal_error    500  — a bug of ours
 ```
@@ -96,6 +98,14 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class Expired(ServiceError):
+    code = "expired"
+
+
+class StorageQuotaExceeded(ServiceError):
+    code = "storage_quota_exceeded"
+
+
 class RateLimited(ServiceError):
     code = "rate_limited"
 
@@ -116,6 +126,8 @@ ERROR_CLASSES: tuple[type[ServiceError], ...] = (
     Forbidden,
     NotFound,
     Conflict,
+    Expired,
+    StorageQuotaExceeded,
     RateLimited,
     InternalError,
 )
@@ -138,9 +150,14 @@ _STATUS_TO_ERROR: dict[int, type[ServiceError]] = {
 
 
 def error_responses(*classes: type[ServiceError]) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for endpoints that may raise these errors."""
+    """OpenAPI `responses` for endpoints that may raise these errors (codes of one status
+    share its entry)."""
+    codes: dict[int, list[str]] = {}
+    for cls in classes:
+        codes.setdefault(cls.status_code, []).append(f"`{cls.code}`")
     return {
-        cls.status_code: {"model": ErrorBody, "description": f"`{cls.code}`"} for cls in classes
+        status: {"model": ErrorBody, "description": ", ".join(names)}
+        for status, names in codes.items()
     }
 
 

@@ -10,13 +10,14 @@ import hashlib
 import json
 import uuid
 import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from pydantic import ValidationError
 from pydantic_core import from_json
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, selectinload
 
 from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
@@ -27,9 +28,9 @@ from schemas import ExportOptions, JobSpec
 from schemas.job import TERMINAL_STATUSES, UPLOAD_ROLES
 from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
 from schemas.outcomes import canceled, validation_items
-from service import archives
+from service import archives, quotas
 from service.auth import Caller
-from service.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from service.errors import Conflict, Expired, InvalidRequest, NotFound
 from service.uploads import UploadedForm
 
 MODEL_SUFFIXES = (".py", ".zip")
@@ -220,6 +221,16 @@ def owner_filter(caller: Caller) -> ColumnElement[bool]:
     return Job.owner_id.is_(None) if caller.key_id is None else Job.owner_id == caller.key_id
 
 
+Lease = Callable[[Mapping[str, int | None]], None]
+"""Commits a lease of blobs (digest → size) in a transaction of its own
+(`persistence.retention.lease`)."""
+
+
+def _store_uploads(store: ArtifactStore, form: UploadedForm) -> None:
+    for upload in form.files.values():
+        store.put_file(upload.path, sha256=upload.sha256, own=True)
+
+
 def submit(
     session: Session,
     store: ArtifactStore,
@@ -228,25 +239,38 @@ def submit(
     caller: Caller,
     *,
     max_concurrent_jobs: int,
+    storage_quota_bytes: int,
     fingerprint: str,
+    lease: Lease,
 ) -> Submission:
     """Record a job for an upload, or answer from the cache or an identical job in flight.
 
-    Uploads are put into the store (content-addressed) before the row is written, so a
-    committed job always finds its files.
+    The uploads are leased first (committed, so the collector keeps them), put into the
+    store (content-addressed) only once every check passed, and before the row is
+    written, so a committed job always finds its files. A cache hit leases the earlier
+    job's artifacts and takes them only if that job has not expired meanwhile.
 
     Raises:
         RateLimited: the caller's key already has `max_concurrent_jobs` queued or running.
+        StorageQuotaExceeded: the key's unexpired jobs hold `storage_quota_bytes` with
+            this submission's new uploads (0: no quota).
     """
+    uploads = {upload.sha256: upload.size for upload in form.files.values()}
+    lease(uploads)
     key = cache_key(spec, fingerprint)
     owner = owner_filter(caller)
     if caller.key_id is not None:
         # One submission per key at a time, whichever API replica takes it: the in-flight
-        # lookup, the concurrency count and the insert below cannot interleave.
+        # lookup, the concurrency and storage counts and the insert below cannot interleave.
         session.execute(select(ApiKey.id).where(ApiKey.id == caller.key_id).with_for_update())
     earlier = session.scalar(
         select(Job)
-        .where(owner, Job.cache_key == key, Job.status.in_(("succeeded", "queued", "running")))
+        .where(
+            owner,
+            Job.cache_key == key,
+            Job.status.in_(("succeeded", "queued", "running")),
+            Job.expired_at.is_(None),
+        )
         .order_by(Job.created_at.desc())
         .limit(1)
         .options(selectinload(Job.artifacts))
@@ -254,8 +278,10 @@ def submit(
     if earlier is not None and earlier.status != "succeeded":
         # A double submission while the first is in flight: one job, not two.
         return Submission(job=earlier, enqueue=False)
-    for upload in form.files.values():
-        store.put_file(upload.path, sha256=upload.sha256, own=True)
+    if earlier is not None:
+        lease({a.sha256: a.size for a in earlier.artifacts})
+        if session.scalar(select(Job.expired_at).where(Job.id == earlier.id)) is not None:
+            earlier = None  # expired since it was found: its artifacts may be gone
     now = utcnow()
     job = Job(
         id=_new_id(),
@@ -270,6 +296,7 @@ def submit(
     )
     record_spec(job, spec)
     if earlier is not None:
+        _store_uploads(store, form)
         job.status = "succeeded"
         job.cache_hit = True
         job.source_job_id = earlier.id
@@ -291,22 +318,15 @@ def submit(
         session.flush()
         return Submission(job=job, enqueue=False)
     # Limits are per key; a keyless server is loopback-only and its one user is not limited.
-    active = 0
     if caller.key_id is not None:
-        active = (
-            session.scalar(
-                select(func.count())
-                .select_from(Job)
-                .where(owner, Job.status.in_(("queued", "running")))
-            )
-            or 0
+        quotas.check_key_limits(
+            session,
+            caller.key_id,
+            uploads,
+            max_concurrent_jobs=max_concurrent_jobs,
+            storage_quota_bytes=storage_quota_bytes,
         )
-    if active >= max_concurrent_jobs:
-        raise RateLimited(
-            f"this key already has {active} jobs queued or running",
-            retry_after_s=5.0,
-            details={"max_concurrent_jobs": max_concurrent_jobs},
-        )
+    _store_uploads(store, form)
     job.status = "queued"
     job.cache_hit = False
     job.enqueued_at = now
@@ -380,6 +400,7 @@ def find_artifact(session: Session, job: Job, name: str) -> Artifact:
     Raises:
         Conflict: the job has not finished yet.
         NotFound: the job finished without an artifact of that name.
+        Expired: the job's files are gone (its retention time passed).
     """
     if job.status not in TERMINAL_STATUSES:
         raise Conflict(
@@ -388,6 +409,7 @@ def find_artifact(session: Session, job: Job, name: str) -> Artifact:
         )
     for artifact in job.artifacts:
         if artifact.name == name:
+            _check_kept(job)
             return artifact
     raise NotFound(
         f"job {job.id} has no artifact {name!r}",
@@ -409,6 +431,7 @@ def find_upload(job: Job, field: str) -> StoredUpload:
 
     Raises:
         NotFound: another field name, or nothing was uploaded in that field.
+        Expired: the job's files are gone (its retention time passed).
     """
     uploads = job_uploads(job)
     ref = getattr(uploads, field) if field in UPLOAD_ROLES else None
@@ -421,4 +444,14 @@ def find_upload(job: Job, field: str) -> StoredUpload:
                 "available": [f for f in UPLOAD_ROLES if getattr(uploads, f) is not None],
             },
         )
+    _check_kept(job)
     return StoredUpload(field=field, name=ref.name, sha256=ref.sha256)
+
+
+def _check_kept(job: Job) -> None:
+    """Raises Expired when the collector let the job's files go."""
+    if job.expired_at is not None:
+        raise Expired(
+            f"the files of job {job.id} expired and were deleted",
+            details={"job_id": job.id, "expired_at": job.expired_at.isoformat()},
+        )

@@ -6,6 +6,7 @@ fail at start-up, not at the first request.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import cached_property
 
 from pydantic import Field
@@ -43,6 +44,26 @@ class ServiceSettings(CommonSettings):
     )
     max_concurrent_jobs: int = Field(
         default=8, gt=0, description="Queued plus running jobs one API key may have."
+    )
+    storage_quota_bytes: int = Field(
+        default=32 * 2**30,
+        ge=0,
+        description="Bytes one API key may hold in the store: each distinct upload and "
+        "artifact of its unexpired jobs, once; a submission that would go over it is refused "
+        "with `storage_quota_exceeded`. 0: no quota.",
+    )
+    retention_hours: float = Field(
+        default=168.0,
+        ge=0,
+        description="A finished job's uploads and artifacts are deleted this long after it "
+        "finished (the job stays, `expired_at` set; its files answer `expired`); a cache hit "
+        "is a new job, holding the same files for as long again. 0: keep them forever.",
+    )
+    gc_interval_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="How often the API expires jobs and deletes the blobs no unexpired job "
+        "refers to (as `torchport gc` does).",
     )
     events_poll_interval_s: float = Field(
         default=0.05,
@@ -87,6 +108,11 @@ class ServiceSettings(CommonSettings):
     auto_migrate: bool = Field(
         default=True, description="Run the database migrations when the API starts."
     )
+
+    @property
+    def retention(self) -> timedelta | None:
+        """How long a finished job's files are kept; None: forever."""
+        return timedelta(hours=self.retention_hours) if self.retention_hours > 0 else None
 
     @cached_property
     def upload_limits(self) -> dict[str, int]:

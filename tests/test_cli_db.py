@@ -16,17 +16,19 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from alembic import command
+from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
-from persistence.database import MIGRATIONS_DIR
+from persistence.database import ALEMBIC_INI, MIGRATIONS_DIR
 from persistence.models import Base
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
 """The newest migration shipped (read from the scripts, not from the command)."""
-TABLES = {"api_keys", "artifacts", "jobs", "stage_events", "worker_environments"}
+TABLES = {"api_keys", "artifacts", "blobs", "jobs", "stage_events", "worker_environments"}
 
 
 def db_upgrade(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
@@ -143,16 +145,17 @@ def table_names(url: str) -> set[str]:
         engine.dispose()
 
 
-def test_0003_moves_each_jobs_callback_url_out_of_its_options(tmp_path: Path) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from persistence.database import ALEMBIC_INI
-
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+def alembic_config(url: str) -> Config:
+    """Alembic's configuration of our migrations, for the database at `url`."""
     config = Config(str(ALEMBIC_INI))
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", url)
+    return config
+
+
+def test_0003_moves_each_jobs_callback_url_out_of_its_options(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    config = alembic_config(url)
     command.upgrade(config, "0002")
     engine = create_engine(url)
     hook = "https://hooks.example.com/x"
@@ -181,4 +184,47 @@ def test_0003_moves_each_jobs_callback_url_out_of_its_options(tmp_path: Path) ->
     with engine.connect() as connection:
         back = connection.execute(text("SELECT options_json FROM jobs WHERE id = 'with'")).scalar()
     assert json.loads(back) == {"strict": True, "callback_url": hook}
+    engine.dispose()
+
+
+def test_0004_records_the_blobs_jobs_refer_to_and_goes_back(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    config = alembic_config(url)
+    command.upgrade(config, "0003")
+    engine = create_engine(url)
+    model, weights, program = "a" * 64, "b" * 64, "c" * 64
+    with engine.begin() as connection:
+        for job_id, job_weights in (("one", weights), ("two", None)):
+            connection.execute(
+                text(
+                    "INSERT INTO jobs (id, status, options_json, cache_key, cache_hit, queue, "
+                    "model_sha256, model_name, weights_sha256, attempts, cancel_requested, "
+                    "webhook_attempts, created_at) VALUES (:id, 'succeeded', '{}', :key, 0, "
+                    "'cpu', :model, 'm.py', :weights, 0, 0, 0, CURRENT_TIMESTAMP)"
+                ),
+                {"id": job_id, "key": "k" * 64, "model": model, "weights": job_weights},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO artifacts (job_id, name, sha256, size, media_type, created_at) "
+                    "VALUES (:id, 'program.pt2', :sha, 1234, 'application/zip', CURRENT_TIMESTAMP)"
+                ),
+                {"id": job_id, "sha": program},
+            )
+    command.upgrade(config, "0004")
+    with engine.connect() as connection:
+        blobs = dict(connection.execute(text("SELECT sha256, size FROM blobs")).all())
+        expired = connection.execute(text("SELECT expired_at FROM jobs")).scalars().all()
+    assert blobs == {model: None, weights: None, program: 1234}
+    assert expired == [None, None]
+    assert {"ix_jobs_weights_sha256", "ix_artifacts_sha256"} <= {
+        index["name"]
+        for table in ("jobs", "artifacts")
+        for index in inspect(engine).get_indexes(table)
+    }
+    command.downgrade(config, "0003")
+    assert "blobs" not in inspect(engine).get_table_names()
+    assert "expired_at" not in {column["name"] for column in inspect(engine).get_columns("jobs")}
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM jobs")).scalar() == 2
     engine.dispose()

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "env": "List torch and the libraries uploads can import, with versions.",
     "keys": "Create or revoke API keys.",
     "db": "Migrate the database to the newest schema (db upgrade).",
+    "gc": "Delete the uploads and artifacts of jobs past their retention time.",
 }
 
 USAGE_ERROR = 2

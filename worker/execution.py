@@ -6,6 +6,7 @@ The Celery task (`worker.tasks`) only adds retries and bookkeeping around `execu
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -13,7 +14,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,12 +22,13 @@ from typing import Any, Protocol
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence import retention
 from persistence.database import make_engine, make_session_factory, transaction
 from persistence.lifecycle import ClaimedJob, StoredArtifact, claim, finish, heartbeat, record_stage
 from persistence.models import Job
 from persistence.notices import make_publisher, publish_after_commit
 from persistence.records import media_type_for
-from persistence.store import ArtifactStore, StoreError, open_store
+from persistence.store import ArtifactStore, StoreError, open_store, sha256_file
 from schemas import ErrorBody, ReportDocument, UploadRef
 from schemas.outcomes import canceled
 from worker.settings import WorkerSettings
@@ -205,6 +207,8 @@ def store_artifacts(
     artifacts: dict[str, Path],
     max_bytes: int,
     digests: dict[str, str] | None = None,
+    *,
+    lease: Callable[[Mapping[str, int | None]], None],
 ) -> list[StoredArtifact]:
     """Put the sandbox's outputs in the store; names and sizes are checked (untrusted).
 
@@ -212,15 +216,28 @@ def store_artifacts(
     the job's reach (`report.artifacts`). Such a file is the worker's own private copy,
     and the store takes it as it is (`put_file(own=True)`: linked under that digest,
     neither copied nor hashed again) where it is a regular file of this process's uid
-    with no other link; anything else is copied, hashed and checked against its digest."""
-    stored = []
+    with no other link; anything else is copied, hashed and checked against its digest.
+
+    `lease` (`persistence.retention.lease`) is given every digest before anything is put:
+    the store skips bytes it holds, and the collector must not delete them meanwhile."""
+    kept: dict[str, tuple[Path, str, int]] = {}
     for name, path in sorted(artifacts.items()):
         if not _ARTIFACT_NAME.match(name) or not path.is_file() or path.is_symlink():
             logger.warning("dropping artifact %r: bad name or not a regular file", name)
             continue
-        if path.stat().st_size > max_bytes:
-            raise ArtifactTooLarge(name, path.stat().st_size, max_bytes)
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise ArtifactTooLarge(name, size, max_bytes)
+        digest = (digests or {}).get(name) or sha256_file(path)[0]
+        kept[name] = (path, digest, size)
+    lease({digest: size for _, digest, size in kept.values()})
+    stored = []
+    for name, (path, digest, _) in kept.items():
         sha256, size = store.put_file(path, (digests or {}).get(name), own=True)
+        if sha256 != digest:  # changed since hashed here: lease what was stored, if still there
+            lease({sha256: size})
+            if not store.exists(sha256):
+                raise StoreError(f"artifact {name} changed while it was stored")
         stored.append(
             StoredArtifact(name=name, sha256=sha256, size=size, media_type=media_type_for(name))
         )
@@ -294,7 +311,11 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
         try:
             digests = {a.name: a.sha256 for a in report.artifacts} if report else {}
             stored = store_artifacts(
-                context.store, artifacts, context.settings.max_artifact_bytes, digests
+                context.store,
+                artifacts,
+                context.settings.max_artifact_bytes,
+                digests,
+                lease=functools.partial(retention.lease, context.sessions),
             )
         except ArtifactTooLarge as exc:
             error = ErrorBody(

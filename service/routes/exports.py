@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import re
@@ -20,7 +21,7 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from persistence import records
+from persistence import records, retention
 from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, enqueue_webhook, queue_for
 from schemas import JobPublic, JobSpec, JobStatus, JobSummary
@@ -30,9 +31,11 @@ from service import archives, jobs, listing
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
     Conflict,
+    Expired,
     InvalidRequest,
     NotFound,
     RateLimited,
+    StorageQuotaExceeded,
     Unauthorized,
     UploadTooLarge,
     error_responses,
@@ -118,7 +121,9 @@ def _submit_in_db(state: AppState, form: Any, spec: JobSpec, caller: Any) -> tup
             spec,
             caller,
             max_concurrent_jobs=state.settings.max_concurrent_jobs,
+            storage_quota_bytes=state.settings.storage_quota_bytes,
             fingerprint=state.fingerprint,
+            lease=functools.partial(retention.lease, state.sessions),
         )
         job = jobs.get_job(session, submission.job.id, caller)
         public = records.to_public(job)
@@ -147,14 +152,17 @@ def _send_webhook_after_commit(state: AppState, job: JobPublic) -> None:
     response_model=JobPublic,
     summary="Submit an export",
     openapi_extra={"requestBody": UPLOAD_BODY},
-    responses=error_responses(InvalidRequest, UploadTooLarge, Unauthorized, RateLimited),
+    responses=error_responses(
+        InvalidRequest, UploadTooLarge, StorageQuotaExceeded, Unauthorized, RateLimited
+    ),
 )
 async def create_export(request: Request, state: StateDep, caller: CallerDep) -> JSONResponse:
     """Upload a model (and optional inputs, weights, options, callback URL); answers 202
     with the job.
 
     An identical earlier success of the same caller answers at once with `cache_hit: true`;
-    an identical job still in flight is returned instead of starting a second one.
+    an identical job still in flight is returned instead of starting a second one. A key
+    whose unexpired jobs hold its storage quota is refused (`storage_quota_exceeded`).
     """
     tmp_root = state.settings.data_dir / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
@@ -358,7 +366,7 @@ class _RangeNotSatisfiable(Exception):
         200: {"content": {"application/octet-stream": {}, "application/json": {}}},
         206: {"description": "The requested byte range."},
         416: {"description": "The range is outside the file."},
-        **error_responses(NotFound, Conflict, Unauthorized, RateLimited),
+        **error_responses(NotFound, Conflict, Expired, Unauthorized, RateLimited),
     },
 )
 def download_artifact(
@@ -418,7 +426,7 @@ def _upload_headers(name: str, sha256: str, size: int) -> dict[str, str]:
             },
             "description": "The file as uploaded: `model`, `inputs` or `weights`.",
         },
-        **error_responses(NotFound, Unauthorized, RateLimited),
+        **error_responses(NotFound, Expired, Unauthorized, RateLimited),
     },
 )
 def download_upload(
@@ -443,7 +451,9 @@ def download_upload(
     response_class=Response,
     responses={
         200: {"content": {"text/x-python": {}, "application/octet-stream": {}}},
-        **error_responses(NotFound, UploadTooLarge, InvalidRequest, Unauthorized, RateLimited),
+        **error_responses(
+            NotFound, UploadTooLarge, InvalidRequest, Expired, Unauthorized, RateLimited
+        ),
     },
 )
 def download_upload_member(

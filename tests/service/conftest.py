@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from persistence.database import migrate
+from persistence.models import Job
 from service.app import build_state, create_app
 from service.deps import AppState
 from service.settings import ServiceSettings
@@ -71,7 +73,7 @@ def make_settings(
 
 def _truncate(state: AppState) -> None:
     with state.engine.begin() as conn:
-        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys CASCADE"))
+        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys, blobs CASCADE"))
 
 
 @pytest.fixture
@@ -122,3 +124,20 @@ def any_setup(request: pytest.FixtureRequest) -> TestClient:
         "client" if request.param == "postgresql" else "embedded"
     )
     return client
+
+
+def job_row(job_id: str, model: str, weights: str, finished: datetime) -> Job:
+    """A failed job's row, finished at `finished`, of these upload digests (for the
+    collector's tests, which need no API)."""
+    return Job(
+        id=job_id,
+        status="failed",
+        options_json="{}",
+        cache_key="k" * 64,
+        model_sha256=model,
+        model_name="m.py",
+        weights_sha256=weights,
+        weights_name="w.pt",
+        created_at=finished,
+        finished_at=finished,
+    )

@@ -41,7 +41,11 @@ def test_a_large_program_is_copied_into_the_store(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     data = os.urandom(1024) * (65 * 1024)  # 65 MiB
     program = _job_output(tmp_path / "program.pt2", data)
-    (stored,) = store_artifacts(store, {"program.pt2": program}, max_bytes=2**40)
+    leased: dict[str, int | None] = {}
+    (stored,) = store_artifacts(
+        store, {"program.pt2": program}, max_bytes=2**40, lease=leased.update
+    )
+    assert leased == {stored.sha256: len(data)}
     blob = store.local_path(stored.sha256)
     _assert_sound(blob, program)
     assert stored.size == len(data)

@@ -82,3 +82,53 @@ def test_a_zip_member_is_read_from_an_s3_blob(endpoint: str, tmp_path: Path) -> 
         b"x = 1\n",
     )
     assert list(tmp_root.iterdir()) == []  # the downloaded copy is gone
+
+
+def test_the_collector_deletes_expired_blobs_from_s3_and_keeps_shared_ones(
+    endpoint: str, tmp_path: Path
+) -> None:
+    from datetime import timedelta
+
+    from persistence import retention
+    from persistence.database import make_engine, make_session_factory, migrate, transaction
+    from persistence.models import utcnow
+    from tests.service.conftest import job_row
+
+    url = f"sqlite:///{tmp_path / 'torchport.db'}"  # the embedded database, on an S3 store
+    migrate(url)
+    engine = make_engine(url)
+    sessions = make_session_factory(engine)
+    store = open_store("s3://art/gc", s3_endpoint_url=endpoint)
+    digests = {}
+    for name in ("model", "shared", "only-old"):
+        path = tmp_path / name
+        path.write_bytes(name.encode() * 1000)
+        sha, size = hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_size
+        retention.lease(sessions, {sha: size})
+        assert store.put_file(path, sha) == (sha, size)
+        digests[name] = sha
+    long_ago = utcnow() - timedelta(days=30)
+    with transaction(sessions) as session:
+        for job_id, weights, finished in (
+            ("old", digests["only-old"], long_ago),
+            ("recent", digests["shared"], utcnow()),
+            ("old-shared", digests["shared"], long_ago),
+        ):
+            session.add(job_row(job_id, digests["model"], weights, finished))
+
+    done = retention.collect(
+        sessions, store, retention=timedelta(days=7), now=utcnow() + retention.LEASE
+    )
+
+    assert done.expired_jobs == ["old", "old-shared"]
+    assert set(done.deleted) == {digests["only-old"]}
+    assert done.deleted_bytes == len(b"only-old") * 1000
+    keys = {
+        o["Key"]
+        for o in boto3.client("s3", endpoint_url=endpoint).list_objects_v2(
+            Bucket="art", Prefix="gc/"
+        )["Contents"]
+    }
+    assert keys == {f"gc/{digests[n][:2]}/{digests[n]}" for n in ("model", "shared")}
+    store.delete(digests["only-old"])  # deleting what is gone is no error
+    engine.dispose()

@@ -13,11 +13,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from persistence.database import transaction
 from persistence.lifecycle import claim, recover_lost_jobs
-from persistence.models import Job, StageEventRow, utcnow
+from persistence.models import Blob, Job, StageEventRow, utcnow
 from persistence.records import load_job, to_public
 from schemas import ErrorBody, ExportOptions, Progress
 from worker.execution import WorkerContext, execute
@@ -137,6 +137,10 @@ def test_a_job_runs_once_and_records_stages_and_artifacts(
     ]
     assert sorted(a.name for a in job.artifacts) == ["program.pt2", "report.json"]
     assert not (context.settings.resolved_work_dir / job_id).exists()
+    # Leased before they were stored (the collector keeps them; they count to the quota).
+    with context.sessions() as session:
+        leased = {b.sha256: b.size for b in session.scalars(select(Blob))}
+    assert {a.sha256: a.size for a in job.artifacts}.items() <= leased.items()
 
 
 def test_export_errors_fail_the_job_with_their_code(context: WorkerContext, tmp_path: Path) -> None:
