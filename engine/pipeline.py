@@ -180,9 +180,7 @@ def run_export(
     )
     if finish_report is not None:
         finish_report(report)
-    report_path = request.out_dir / REPORT
-    report_path.write_text(report.model_dump_json(indent=2))
-    artifacts[REPORT] = report_path
+    report = write_json(request.out_dir / REPORT, report, artifacts)
     return ExportResult(report=report, artifacts=artifacts)
 
 

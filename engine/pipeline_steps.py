@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from engine import decomposition, documents, draft, portability, roundtrip, verification
 from engine.eager import run_eager
@@ -25,9 +26,12 @@ from engine.model import LoadedModel
 from engine.shape_examples import suggest_spec
 from engine.shape_grammar import to_torch
 from schemas import ReportWarning, dynamic_shapes_adapter
+from schemas.text import without_surrogates
 
 if TYPE_CHECKING:
     from engine.pipeline import RoundtripRunner
+
+Document = TypeVar("Document", bound=BaseModel)
 
 __all__ = [
     "DRAFT_WORTHY",
@@ -264,6 +268,18 @@ def plain_options(spec: Any) -> Any:
     return spec
 
 
-def write_json(path: Path, document: BaseModel, artifacts: dict[str, Path]) -> None:
-    path.write_text(document.model_dump_json(indent=2))
+def write_json(path: Path, document: Document, artifacts: dict[str, Path]) -> Document:
+    """Write one of the job's documents (report, graph, signature) as UTF-8 JSON and return
+    it as written: itself, or, when some of its text holds a lone surrogate, a copy with
+    each replaced by U+FFFD. The user's own text (an exception message, a module path)
+    may hold one, which UTF-8 cannot encode, and the document must still be written
+    (without it a job ends with no report instead of the user's error)."""
+    try:
+        text = document.model_dump_json(indent=2)
+    except PydanticSerializationError:  # a lone surrogate (anything else raises again)
+        plain = without_surrogates(document.model_dump(mode="json"))
+        document = type(document).model_validate(plain)
+        text = document.model_dump_json(indent=2)
+    path.write_text(text, encoding="utf-8")
     artifacts[path.name] = path
+    return document

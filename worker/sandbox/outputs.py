@@ -3,6 +3,11 @@ links and within size limits, the documents validated against their schemas, the
 program checked to be a zip archive; copied out of the job's reach and hashed as
 copied when taken while the job child still exits.
 
+A document is counted before it is parsed (`count_items`): what parsing it costs the
+worker grows with the values and members it holds, not with its bytes (48 MiB of
+`{},{},…` grew the worker by 1.8 GiB), so a document over its item limit is refused
+unparsed and the worker's growth is bounded by the limits, whatever the job wrote.
+
 Nothing here unpickles or loads what a job wrote: the round trip ran in a sandboxed
 loader child.
 """
@@ -29,6 +34,7 @@ __all__ = [
     "Accepted",
     "Untrusted",
     "copy_regular",
+    "count_items",
     "open_regular",
     "read_regular",
     "take_outputs",
@@ -41,7 +47,12 @@ Document = TypeVar("Document", bound=BaseModel)
 
 
 class Untrusted(ValueError):
-    """A job's output failed validation."""
+    """A job's output failed validation; `details` name the file and the limit it broke,
+    when it broke one (they go into the job's error)."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 @dataclass
@@ -80,18 +91,22 @@ def take_outputs(
             return None
         shutil.rmtree(into, ignore_errors=True)
         into.mkdir(mode=0o700, parents=True)
-    limits = {REPORT: s.max_report_bytes, GRAPH: s.max_json_bytes, SIGNATURE: s.max_json_bytes}
+    limits = {
+        REPORT: (s.max_report_bytes, s.max_report_items),
+        GRAPH: (s.max_json_bytes, s.max_json_items),
+        SIGNATURE: (s.max_json_bytes, s.max_json_items),
+    }
     files: dict[str, Path] = {}
     infos: dict[str, ArtifactInfo] = {}
     report: ReportDocument | None = None
-    for name, limit in limits.items():
+    for name, (limit, max_items) in limits.items():
         data = read_regular(produced / name, limit, whole=True)
         if data is None:
             continue
         if name == REPORT:
-            report = validate(ReportDocument, name, data)
+            report = validate(ReportDocument, name, data, max_items)
             continue
-        validate(GraphDocument if name == GRAPH else SignatureDocument, name, data)
+        validate(GraphDocument if name == GRAPH else SignatureDocument, name, data, max_items)
         files[name] = produced / name
         if into is not None:
             files[name] = into / name
@@ -156,7 +171,9 @@ def open_regular(path: Path, limit: int) -> BinaryIO | None:
         raise Untrusted(f"{path.name} is not a regular file")
     if info.st_size > limit:
         handle.close()
-        raise Untrusted(f"{path.name} is larger than {limit} bytes")
+        raise Untrusted(
+            f"{path.name} is larger than {limit} bytes", file=path.name, max_bytes=limit
+        )
     return handle
 
 
@@ -169,13 +186,31 @@ def read_regular(path: Path, limit: int, *, whole: bool) -> bytes | None:
         return handle.read(limit if whole else 4)
 
 
-def validate(document: type[Document], name: str, data: bytes) -> Document:
-    """A result document the job wrote, or `Untrusted` saying where it is wrong."""
+def validate(document: type[Document], name: str, data: bytes, max_items: int) -> Document:
+    """A result document the job wrote, or `Untrusted` saying where it is wrong. One with
+    more than `max_items` (`count_items`) is refused before it is parsed; nesting is
+    bounded by the parser (pydantic's JSON parser refuses more than 200 levels)."""
+    items = count_items(data)
+    if items > max_items:
+        raise Untrusted(
+            f"{name} holds more than {max_items} JSON items ({items})",
+            file=name,
+            max_items=max_items,
+            items=items,
+        )
     try:
         return document.model_validate_json(data)
     except ValidationError as exc:
         where = ", ".join(".".join(map(str, e["loc"])) or "(top)" for e in exc.errors()[:3])
         raise Untrusted(f"{name} does not match its schema (at {where})") from None
+
+
+def count_items(data: bytes) -> int:
+    """What parsing a JSON document costs, in items: one per comma, colon and opening
+    bracket, so at least one per value of an array, member of an object and array or
+    object. Those inside strings count too (an upper bound, counted at C speed without
+    parsing: ~5 ms for 32 MiB); strings themselves cost only their bytes."""
+    return sum(data.count(mark) for mark in (b",", b":", b"[", b"{"))
 
 
 def copy_regular(

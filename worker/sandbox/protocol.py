@@ -8,6 +8,8 @@ import json
 import socket
 from typing import Any
 
+from schemas.text import without_surrogates
+
 MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
 SPARE_KINDS = ("job", "loader")
@@ -31,7 +33,8 @@ def loads_untrusted(data: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> 
 
     Every failure is `UntrustedLine`, never RecursionError (6,000 nested lists),
     OverflowError or MemoryError: a hostile line is that job's problem, not the reading
-    process's. NaN and ±Infinity are refused (`int(float("inf"))` raises later)."""
+    process's. NaN and ±Infinity are refused (`int(float("inf"))` raises later); lone
+    surrogates (`"\\udc80"`) become U+FFFD."""
     if len(data) > max_bytes:
         raise UntrustedLine(f"line of {len(data)} bytes (limit {max_bytes})")
     if data.count(b"[") + data.count(b"{") > max_depth and _depth(data) > max_depth:
@@ -44,7 +47,10 @@ def loads_untrusted(data: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> 
         raise UntrustedLine(f"not JSON: {type(exc).__name__}") from None
     if not isinstance(message, dict):
         raise UntrustedLine("not a JSON object")
-    return message
+    # `"\udc80"` is valid JSON but no UTF-8: whatever the worker passes on (progress
+    # events, a refusal's message in the final report) must still be encodable.
+    cleaned: dict[str, Any] = without_surrogates(message)
+    return cleaned
 
 
 def _depth(data: bytes) -> int:

@@ -66,7 +66,7 @@ def finish(
             assert taken is not None  # only a copy is ever declined
             report, found = taken.report, taken.files
         except Untrusted as exc:
-            error = error_body("internal_error", f"The job's results were rejected: {exc}")
+            error = _rejected(exc)
     if error is not None or report is None:
         error = error or error_body("internal_error", "The job ended without a report.")
         report = _failed_report(error, time.perf_counter() - started)
@@ -84,7 +84,7 @@ def finish(
                 infos[name] = copied
             artifacts[name] = target
     except (Untrusted, OSError) as exc:
-        error = error_body("internal_error", f"The job's results were rejected: {exc}")
+        error = _rejected(exc)
         report = _failed_report(error, time.perf_counter() - started)
         for path in artifacts.values():
             path.unlink(missing_ok=True)
@@ -236,6 +236,13 @@ def run_unconfined(
     report_path.write_text(report.model_dump_json(indent=2))
     artifacts = {**result.artifacts, REPORT: report_path}
     return SandboxResult(report=report, artifacts=artifacts, error=report.error)
+
+
+def _rejected(exc: Untrusted | OSError) -> ErrorBody:
+    """The error of a job whose outputs were refused; `details` name the file and the
+    limit it broke, when it broke one."""
+    details = exc.details if isinstance(exc, Untrusted) else None
+    return error_body("internal_error", f"The job's results were rejected: {exc}", details=details)
 
 
 def _out_of_memory(memory_mb: int) -> ErrorBody:

@@ -75,8 +75,15 @@ class SandboxSettings(BaseModel):
     """Size of the private /tmp (tmpfs) bubblewrap gives the zygote and its jobs."""
     max_report_bytes: int = 8 << 20
     """Largest `report.json` accepted from a job."""
-    max_json_bytes: int = 128 << 20
+    max_report_items: int = 100_000
+    """Most JSON items (`outputs.count_items`: values and members) a `report.json` may
+    hold; a larger one is refused before it is parsed (a real report holds ~500)."""
+    max_json_bytes: int = 32 << 20
     """Largest `graph.json` or `signature.json` accepted from a job."""
+    max_json_items: int = 1_000_000
+    """Most JSON items a `graph.json` or `signature.json` may hold, refused unparsed past
+    it: ~21,000 nodes (a 32-layer Llama's graph holds 3,837 nodes, 176,000 items, 2.9 MB).
+    Parsing a document at the item and byte limits grows the worker by < 200 MiB."""
     max_program_bytes: int = 8 << 30
     """Largest `program.pt2` (or target artifact) accepted from a job."""
     early_copy_bytes: int = 64 << 20
