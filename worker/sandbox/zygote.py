@@ -286,7 +286,7 @@ class Zygote:
             prefault = None if gpu else self.spares.pages.get("job")
             pid = os.fork()
             if pid == 0:
-                work = lambda: child.run_export_job(message["spec"])  # noqa: E731
+                work = lambda: child.run_export_job(dirs["root"])  # noqa: E731
                 self.become_child(conf, work, prefault=prefault)
         os.close(req_w)
         os.close(ans_r)
