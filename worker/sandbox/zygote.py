@@ -42,6 +42,7 @@ from worker.sandbox.lockdown import (
     set_dumpable,
 )
 from worker.sandbox.processes import close_fd, count_threads, kill_group, read_status_mb
+from worker.sandbox.relay import Relay
 from worker.sandbox.spares import Spares
 from worker.sandbox.warmup import (
     WARM_PAYLOAD,
@@ -71,7 +72,8 @@ class Job:
     loader_pid: int | None = None
     loader_fd: int | None = None
     loader_in: int | None = None
-    loader_out: bytes = b""
+    loader_out: Relay | None = None
+    """The loader's answer on its way to the job, never parsed here (relay.py)."""
     loader_started: float = 0.0
     old_loaders: list[int] = field(default_factory=list)
     """Loaders that answered and were killed, not yet reaped."""
@@ -394,6 +396,8 @@ class Zygote:
         close_fd(job.answer_fd)
         close_fd(job.output_fd)
         close_fd(job.loader_in)
+        if job.loader_out is not None:  # a loader killed before it answered
+            job.loader_out.clear()
         del self.jobs[job.id]
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
