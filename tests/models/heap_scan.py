@@ -22,5 +22,5 @@ for line in lines:
     found.update(m.group().decode() for m in PATTERN.finditer(pages))
     regions += 1
     scanned += end - start
-print("HEAPSCAN" + json.dumps([sorted(found), regions, 0, scanned]) + "HEAPSCAN")
+print("HEAPSCAN" + json.dumps([sorted(found), regions, scanned]) + "HEAPSCAN")
 raise RuntimeError("scanned")

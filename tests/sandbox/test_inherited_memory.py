@@ -68,7 +68,7 @@ def _tenant_a_scan(arena: Arena) -> tuple[set[str], str, int]:
     log = (job_dir / "sandbox.log").read_text(errors="replace")
     seen = re.search(r"HEAPSCAN(.*?)HEAPSCAN", log)
     assert seen is not None, (result.error, log[-3000:])
-    found, regions, _unreadable, scanned = json.loads(seen.group(1))
+    found, regions, scanned = json.loads(seen.group(1))
     assert regions > 100
     return set(found), own, scanned
 
