@@ -19,12 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from worker.sandbox import protocol
 from worker.sandbox.requests import channel
 from worker.sandbox.requests import install as brokered_subprocesses
 
 PROGRESS_FD = 3
 MAX_OPTIONS = 16 << 20
-"""Read of the options file the worker wrote (more than any the API accepts)."""
+"""Read of the spec and options files the worker wrote (more than any the API accepts)."""
 
 # Audit events of actions the sandbox forbids, and how to say so to a person.
 _FORBIDDEN_EVENTS = {
@@ -163,13 +164,23 @@ class RoundtripRequests:
         return parsed
 
 
-def run_export_job(spec: dict[str, Any]) -> int:
-    """Run one export in this (locked-down) process; returns the exit code."""
+def run_export_job(root: str) -> int:
+    """Run one export in this (locked-down) process, as the spec in the job's staging
+    `root` says (`protocol.JOB_SPEC`); returns the exit code."""
     import torch
 
     from engine import pipeline
     from engine.model import Upload
     from schemas import ExportOptions, RoundtripCheck
+
+    try:
+        with open(Path(root) / protocol.JOB_SPEC, "rb") as handle:
+            spec = json.loads(handle.read(MAX_OPTIONS))
+        with open(spec["options_file"], "rb") as handle:
+            options = ExportOptions.model_validate_json(handle.read(MAX_OPTIONS))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        write_progress({"refused": "invalid_request", "message": str(exc)[:2000]})
+        return 3
 
     # The zygote runs single-threaded so that it can fork; the job gets the machine's
     # CPUs back (its intra-op pool starts fresh, in this process).
@@ -192,12 +203,6 @@ def run_export_job(spec: dict[str, Any]) -> int:
         except ValueError as exc:
             return RoundtripCheck(status="failed", loader="sandbox", reason=f"bad answer: {exc}")
 
-    try:
-        with open(spec["options_file"], "rb") as handle:
-            options = ExportOptions.model_validate_json(handle.read(MAX_OPTIONS))
-    except (OSError, ValueError) as exc:
-        write_progress({"refused": "invalid_request", "message": str(exc)[:2000]})
-        return 3
     upload = Upload(
         model=Path(spec["model"]),
         inputs=Path(spec["inputs"]) if spec.get("inputs") else None,

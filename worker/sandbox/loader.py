@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from worker.sandbox import child, protocol
 from worker.sandbox.lockdown import Confinement
 from worker.sandbox.processes import close_fd, describe_status, kill_group
+from worker.sandbox.relay import Relay
 from worker.sandbox.requests import MAX_ANSWER
 
 if TYPE_CHECKING:
@@ -131,19 +132,18 @@ class Loaders:
         os.close(out_w)
         os.close(in_r)
         zygote.announce_helper(job, pid)
-        job.loader_pid, job.loader_fd, job.loader_out = pid, out_r, b""
+        job.loader_pid, job.loader_fd, job.loader_out = pid, out_r, Relay(MAX_ANSWER)
         job.loader_in = in_w
         zygote.selector.register(out_r, selectors.EVENT_READ, ("loader", job.id))
 
     def on_output(self, job: Job) -> None:
         """Read the loader's answer; answer the job as soon as its line is complete."""
-        assert job.loader_fd is not None
+        assert job.loader_fd is not None and job.loader_out is not None
         try:
-            data = os.read(job.loader_fd, 1 << 16)
+            got = job.loader_out.read_from(job.loader_fd)
         except OSError:
-            data = b""
-        job.loader_out += data
-        if b"\n" in job.loader_out or not data or len(job.loader_out) > MAX_ANSWER:
+            got = 0
+        if not got or job.loader_out.line_length() or job.loader_out.full:
             # Answer as soon as the line is complete: the job need not wait for the
             # loader's exit. The loader is done: it is killed now, and reaped later.
             self.finish(job, None)
@@ -164,25 +164,22 @@ class Loaders:
             job.loader_pid = None
 
     def _answer_from_loader(self, job: Job, status: int | None) -> None:
-        line = job.loader_out.split(b"\n", 1)[0]
-        try:
-            reply = protocol.loads_untrusted(line, MAX_ANSWER)
-        except ValueError:
+        """Pass the loader's line on unparsed (relay.py), or say that it gave none."""
+        relay, job.loader_out = job.loader_out, None
+        if relay is None or not relay.pass_on(job.answer_fd):
             died = "no answer" if status is None else describe_status(status)
-            reply = {"status": "failed", "reason": f"the loader died ({died})"}
-        reply.setdefault("duration_s", time.perf_counter() - job.loader_started)
-        answer(job, reply)
+            reason, duration = f"the loader died ({died})", time.perf_counter() - job.loader_started
+            answer(job, {"status": "failed", "reason": reason, "duration_s": duration})
+        if relay is not None:
+            relay.clear()
 
     def drain(self, job: Job) -> None:
         """Read what an exited loader left in its pipe (up to an answer's size)."""
-        assert job.loader_fd is not None
+        assert job.loader_fd is not None and job.loader_out is not None
         os.set_blocking(job.loader_fd, False)
         try:
-            while len(job.loader_out) <= MAX_ANSWER:
-                data = os.read(job.loader_fd, 1 << 16)
-                if not data:
-                    break
-                job.loader_out += data
+            while job.loader_out.read_from(job.loader_fd):
+                pass
         except OSError:
             pass
 
@@ -200,6 +197,7 @@ def load(pt2: str, threads: int) -> int:
 
     from engine import roundtrip
 
+    started = time.perf_counter()
     torch.set_num_threads(threads)
     try:
         loaded = roundtrip.load_saved(pt2)
@@ -209,6 +207,7 @@ def load(pt2: str, threads: int) -> int:
         payload = str(protocol.loads_untrusted(request, MAX_REQUEST)["payload"])
         reply = roundtrip.run_loaded(loaded, payload)
     except Exception as exc:
-        reply = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
+        reason = f"{type(exc).__name__}: {exc}"[:2000]
+        reply = {"status": "failed", "reason": reason, "duration_s": time.perf_counter() - started}
     os.write(3, (json.dumps(reply) + "\n").encode())
     return 0

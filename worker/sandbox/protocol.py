@@ -14,6 +14,10 @@ MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
 SPARE_KINDS = ("job", "loader")
 """The zygote's spares, as its `spares` message names the ready ones."""
+JOB_SPEC = "spec.json"
+"""The job child's spec (its uploads' paths, options file, out and work dirs), which the
+worker writes into the job's staging root and the child reads after its lockdown: the
+upload's file name never passes through the zygote, whose heap every later job inherits."""
 
 
 MAX_DEPTH = 32

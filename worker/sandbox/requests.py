@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from worker.sandbox import protocol
+
 __all__ = ["BrokeredPopen", "Channel", "channel", "install"]
 
 REQUEST_FD = 4
@@ -46,11 +48,9 @@ class Channel:
             line = self._line()
             if line is None:
                 return None
-            try:
-                parsed = json.loads(line)
+            try:  # a loader's line as the zygote passed it on: parsed here, within bounds
+                parsed = protocol.loads_untrusted(line, MAX_ANSWER)
             except ValueError:
-                return None
-            if not isinstance(parsed, dict):
                 return None
             self.pending["toolchain" if parsed.get("toolchain") else "roundtrip"].append(parsed)
         return self.pending[kind].pop(0)

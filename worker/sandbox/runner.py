@@ -283,9 +283,9 @@ class SandboxRunner:
         slot = self._take_slot()
         ids = self.settings.job_ids(slot.number)
         try:
-            spec = stage(job, staging, ids)
+            stage(job, staging, ids)
             return self._run_staged(
-                job, options, job_id, staging, spec, on_progress, cancel, started, ids
+                job, options, job_id, staging, on_progress, cancel, started, ids
             )
         finally:
             self._drop_group(job_id)
@@ -338,7 +338,6 @@ class SandboxRunner:
         options: ExportOptions,
         job_id: str,
         staging: Path,
-        spec: dict[str, Any],
         on_progress: ProgressCallback | None,
         cancel: threading.Event | None,
         started: float,
@@ -376,7 +375,7 @@ class SandboxRunner:
         )
         reader.start()
         try:
-            zygote.send_job(job_id, spec, staging, limits, gpu_job, [progress_w, output_w])
+            zygote.send_job(job_id, staging, limits, gpu_job, [progress_w, output_w])
         except OSError:
             watch.messages.put({"op": "dead"})
         finally:

@@ -167,8 +167,8 @@ class Spares:
         if kind == "job" and message.get("op") == "job" and len(fds) == 4:
             run = message["run"]
             conf = zygote.job_confinement(run["dirs"], limits(run["limits"]), False, fds)
-            spec = run["spec"]
-            zygote.become_child(conf, lambda: child.run_export_job(spec), detached=True)
+            root = run["dirs"]["root"]
+            zygote.become_child(conf, lambda: child.run_export_job(root), detached=True)
         elif kind == "loader" and message.get("op") == "load" and len(fds) == 3:
             pt2, threads = str(message["pt2"]), int(message["threads"])
             given = limits(message["limits"])

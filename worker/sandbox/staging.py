@@ -1,6 +1,6 @@
 """A job's staging directory under `jobs_root`: made before the job (the uploads copied
-in, the options as a file, all owned by the job's uid) and removed after it, off the
-job's critical path (`Cleaner`).
+in, the options and the job child's spec as files, all owned by the job's uid) and
+removed after it, off the job's critical path (`Cleaner`).
 
 Uploads are written there once, straight from where they are (a local file, the
 worker's store), never through another copy. It is the only writable place a job can
@@ -9,6 +9,7 @@ see: `in`, `out`, `tmp/work` for the job child, `tmp/loader` for its round-trip 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -17,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from schemas.job import UPLOAD_ROLES
+from worker.sandbox.protocol import JOB_SPEC
 from worker.sandbox.settings import SandboxJob
 
 __all__ = ["Cleaner", "stage"]
 
 
-def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> dict[str, Any]:
+def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> None:
     """Write the uploads straight into a fresh directory only this job's uid can enter
-    (each a copy of its own: the job's uid will own it); returns the job child's spec
-    (paths of the uploads, the options file, its out and work dirs)."""
+    (each a copy of its own: the job's uid will own it), and the job child's spec
+    (`JOB_SPEC`: paths of the uploads, the options file, its out and work dirs)."""
     dirs = {name: staging / name for name in ("in", "out", "tmp")}
     for path in (staging, *dirs.values(), dirs["tmp"] / "loader", dirs["tmp"] / "work"):
         path.mkdir(mode=0o700)
@@ -43,12 +45,12 @@ def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> dict[s
         source.copy_to(target)
         spec[role] = str(target)
     spec["out_dir"], spec["work_dir"] = str(dirs["out"]), str(dirs["tmp"] / "work")
+    (staging / JOB_SPEC).write_text(json.dumps(spec))
     if ids is not None:
         for dirpath, _dirnames, filenames in os.walk(staging):
             os.chown(dirpath, *ids)
             for filename in filenames:
                 os.chown(os.path.join(dirpath, filename), *ids)
-    return spec
 
 
 class Cleaner:

@@ -42,6 +42,7 @@ from worker.sandbox.lockdown import (
     set_dumpable,
 )
 from worker.sandbox.processes import close_fd, count_threads, kill_group, read_status_mb
+from worker.sandbox.relay import Relay
 from worker.sandbox.spares import Spares
 from worker.sandbox.toolchain import Toolchains
 from worker.sandbox.warmup import (
@@ -72,7 +73,8 @@ class Job:
     loader_pid: int | None = None
     loader_fd: int | None = None
     loader_in: int | None = None
-    loader_out: bytes = b""
+    loader_out: Relay | None = None
+    """The loader's answer on its way to the job, never parsed here (relay.py)."""
     loader_started: float = 0.0
     old_loaders: list[int] = field(default_factory=list)
     """Loaders that answered and were killed, not yet reaped."""
@@ -297,7 +299,7 @@ class Zygote:
             prefault = None if gpu else self.spares.pages.get("job")
             pid = os.fork()
             if pid == 0:
-                work = lambda: child.run_export_job(message["spec"])  # noqa: E731
+                work = lambda: child.run_export_job(dirs["root"])  # noqa: E731
                 self.become_child(conf, work, prefault=prefault)
         os.close(req_w)
         os.close(ans_r)
@@ -412,6 +414,8 @@ class Zygote:
         close_fd(job.answer_fd)
         close_fd(job.output_fd)
         close_fd(job.loader_in)
+        if job.loader_out is not None:  # a loader killed before it answered
+            job.loader_out.clear()
         del self.jobs[job.id]
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None

@@ -125,18 +125,19 @@ class ZygoteClient:
     def send_job(
         self,
         job_id: str,
-        spec: dict[str, Any],
         staging: Path,
         limits: dict[str, Any],
         gpu: bool,
         fds: list[int],
     ) -> None:
         """Hand the zygote a staged job (`run`) with its progress and output pipes' write
-        ends; OSError when the zygote is gone."""
+        ends; OSError when the zygote is gone. The message names the job's directories
+        and limits, nothing of its upload: the child reads its spec from its staging
+        root (`protocol.JOB_SPEC`)."""
         dirs = {name: str(staging / name) for name in ("in", "out", "tmp")}
         dirs["root"] = str(staging)
         self.send(
-            {"op": "run", "id": job_id, "spec": spec, "dirs": dirs, "limits": limits, "gpu": gpu},
+            {"op": "run", "id": job_id, "dirs": dirs, "limits": limits, "gpu": gpu},
             fds,
         )
 
