@@ -1,7 +1,7 @@
 """Nothing of one tenant's job is in the memory a later job inherits (docs/sandbox.md,
 "What a job inherits"): tenant B's jobs carry secrets in their upload's file name, their
-symbol, an option (a dim name) and their output's key (which the round trip's loader
-answer carries); tenant A's next job reads every readable page of its own address space
+symbol, an option (a dim name), their output's key (which the round trip's loader
+answer carries) and a flag of a toolchain request (which passes the zygote as bytes); tenant A's next job reads every readable page of its own address space
 and says which strings of the secrets' pattern it found. Run with fresh forks and with
 every job in a spare; the scanner's own file name, found in its own memory, shows that
 the scan sees what is there.
@@ -37,14 +37,15 @@ def _upload(arena: Arena, template: str, name: str, **secrets: str) -> Path:
 
 def _tenant_b_job(arena: Arena) -> dict[str, str]:
     """Run one export of tenant B's; the secrets it carried (token: where)."""
-    file, symbol, dim, output = (_token() for _ in range(4))
-    symbol, dim, output = f"Net_{symbol}", f"d_{dim}", f"out_{output}"
+    file, symbol, dim, output, flag = (_token() for _ in range(5))
+    symbol, dim, output, flag = f"Net_{symbol}", f"d_{dim}", f"out_{output}", f"F_{flag}"
     model = _upload(
         arena,
         "heap_tenant.py",
         f"tenant_{file}.py",
         SECRET_SYMBOL=symbol,
         SECRET_OUTPUT=output,
+        SECRET_FLAG=flag,
     )
     options: dict[str, object] = {
         "symbol": symbol,
@@ -57,7 +58,15 @@ def _tenant_b_job(arena: Arena) -> dict[str, str]:
     assert roundtrip is not None and roundtrip.status == "passed"
     # The loader's answer named the output: a secret went through the round trip.
     assert any(output in o.path for o in roundtrip.outputs), roundtrip.outputs
-    return {file: "file name", symbol[4:]: "symbol", dim[2:]: "option", output[4:]: "output"}
+    denied = [w for w in result.report.warnings if w.code == "sandbox_denied"]
+    assert denied and "subprocess.Popen" in denied[0].details["attempted"]  # it was asked
+    return {
+        file: "file name",
+        symbol[4:]: "symbol",
+        dim[2:]: "option",
+        output[4:]: "output",
+        flag[2:]: "toolchain request",
+    }
 
 
 def _tenant_a_scan(arena: Arena) -> tuple[set[str], str, int]:

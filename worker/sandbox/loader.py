@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from worker.sandbox import child, protocol
 from worker.sandbox.lockdown import Confinement
 from worker.sandbox.processes import close_fd, describe_status, kill_group
-from worker.sandbox.relay import Relay
+from worker.sandbox.relay import MAX_REQUEST, TOOLCHAIN, Relay
 from worker.sandbox.requests import MAX_ANSWER
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["MAX_REQUEST", "MAX_ROUNDTRIPS", "Loaders", "answer", "load"]
 
 MAX_ROUNDTRIPS = 4
-MAX_REQUEST = 1 << 16
 
 
 class Loaders:
@@ -40,34 +39,34 @@ class Loaders:
         self.zygote = zygote
 
     def on_request(self, job: Job) -> None:
-        """Read what the job wrote on its request pipe; a line over `MAX_REQUEST` kills it."""
+        """Read what the job wrote on its request pipe; a line over `MAX_REQUEST` kills it.
+        Toolchain requests go to the broker as bytes (toolchain.py); the lines are zeroed
+        once handled (relay.Requests)."""
         try:
-            data = os.read(job.request_fd, 4096)
+            got = job.requests.read_from(job.request_fd)
         except OSError:
-            data = b""
-        if not data:
+            got = 0
+        if not got:
+            if job.requests.length == len(job.requests.buffer):  # one line fills it all
+                kill_group(job.pid)
+                return
             self.zygote.selector.unregister(job.request_fd)
             close_fd(job.request_fd)
             job.request_fd = -1
             return
-        job.buffer += data
-        if len(job.buffer) > MAX_REQUEST:
-            kill_group(job.pid)
-            return
-        while b"\n" in job.buffer:
-            line, job.buffer = job.buffer.split(b"\n", 1)
-            self._on_request_line(job, line)
+        while (line := job.requests.next_line()) is not None:
+            if line[: len(TOOLCHAIN)] == TOOLCHAIN:
+                self.zygote.toolchains.on_request(job, line[len(TOOLCHAIN) :])
+            else:
+                self._on_request_line(job, bytes(line))
+        job.requests.drop_used()
 
     def _on_request_line(self, job: Job, line: bytes) -> None:
         """`{"pt2", "threads"}` starts a loader on that program; `{"payload"}` hands the
-        running loader its payload (both in one line: both); `{"exec"}` goes to the
-        toolchain broker (toolchain.py). Anything else: a failed answer. The job is
-        untrusted: its paths reach only a locked-down loader."""
+        running loader its payload (both in one line: both). Anything else: a failed
+        answer. The job is untrusted: its paths reach only a locked-down loader."""
         try:
             request = protocol.loads_untrusted(line, MAX_REQUEST)
-            if "exec" in request:  # a toolchain program (toolchain.py)
-                self.zygote.toolchains.on_request(job, request)
-                return
             pt2 = request.get("pt2")
             payload = request.get("payload")
             if pt2 is None and payload is None:

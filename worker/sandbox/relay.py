@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["Relay"]
+__all__ = ["MAX_REQUEST", "TOOLCHAIN", "Relay", "Requests"]
+
+MAX_REQUEST = 1 << 16
+"""The longest request line a job may write (a longer one kills it)."""
+TOOLCHAIN = b"TOOLCHAIN"
+"""What a toolchain request line starts with (then its JSON: toolchain.py)."""
 
 
 class Relay:
@@ -59,3 +64,49 @@ class Relay:
         """Zero what was read (call it before the relay is let go)."""
         self.view[: self.length] = bytes(self.length)
         self.length = 0
+
+
+class Requests:
+    """A job's request lines as the zygote reads them, in one buffer zeroed as they are
+    used: a toolchain request (a line starting with `TOOLCHAIN`) names the job's files and
+    flags, and is handed to the toolchain child as bytes, never parsed here."""
+
+    def __init__(self, size: int) -> None:
+        self.buffer = bytearray(size)
+        self.view = memoryview(self.buffer)
+        self.start = 0
+        self.length = 0
+
+    def read_from(self, fd: int) -> int:
+        """Read what `fd` holds into the room left (compacting first); 0 at end of file
+        or when a line fills the whole buffer."""
+        if self.length == len(self.buffer) and self.start:
+            rest = self.length - self.start
+            self.view[:rest] = self.view[self.start : self.length]
+            self.view[rest : self.length] = bytes(self.length - rest)
+            self.start, self.length = 0, rest
+        if self.length == len(self.buffer):
+            return 0
+        got = os.readv(fd, [self.view[self.length :]])
+        self.length += got
+        return got
+
+    def next_line(self) -> memoryview | None:
+        """The next complete line (without its newline), consumed; None without one."""
+        end = self.buffer.find(b"\n", self.start, self.length)
+        if end < 0:
+            return None
+        line = self.view[self.start : end]
+        self.start = end + 1
+        return line
+
+    def drop_used(self) -> None:
+        """Zero every line consumed so far (once nothing refers to them)."""
+        self.view[: self.start] = bytes(self.start)
+        if self.start == self.length:
+            self.start = self.length = 0
+
+    def clear(self) -> None:
+        """Zero the whole buffer (the job is gone)."""
+        self.view[: self.length] = bytes(self.length)
+        self.start = self.length = 0

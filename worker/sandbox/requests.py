@@ -4,8 +4,9 @@ back). Runs inside the locked-down job child.
 
 `BrokeredPopen` stands in for `subprocess.Popen` in the job child: the strict profile
 refuses every exec, so a conversion's `subprocess.run(["g++", ...])` (torch's inductor)
-or `subprocess.run([flatc, ...])` (executorch) becomes a toolchain request, which the
-zygote checks and runs in a child of its own. Anything the broker refuses raises
+or `subprocess.run([flatc, ...])` (executorch) becomes a toolchain request
+(`TOOLCHAIN{"exec": argv, "cwd": dir, "merge": bool}`), which the zygote hands to a
+child of its own that checks and runs it. Anything the broker refuses raises
 `PermissionError`, as a refused exec would.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.sandbox import protocol
+from worker.sandbox.relay import TOOLCHAIN
 
 __all__ = ["BrokeredPopen", "Channel", "channel", "install"]
 
@@ -38,8 +40,8 @@ class Channel:
         self.buffer = b""
         self.pending: dict[str, list[dict[str, Any]]] = {"roundtrip": [], "toolchain": []}
 
-    def send(self, request: dict[str, Any]) -> None:
-        os.write(self.request_fd, (json.dumps(request) + "\n").encode())
+    def send(self, request: dict[str, Any], prefix: bytes = b"") -> None:
+        os.write(self.request_fd, prefix + (json.dumps(request) + "\n").encode())
 
     def receive(self, kind: str) -> dict[str, Any] | None:
         """The next answer of `kind` ("roundtrip" or "toolchain"); None when the zygote
@@ -99,7 +101,7 @@ class BrokeredPopen:
         request = {"exec": argv, "cwd": os.fspath(cwd) if cwd is not None else None}
         request["merge"] = merge
         link = channel()
-        link.send(request)
+        link.send(request, prefix=TOOLCHAIN)
         reply = link.receive("toolchain") or {"refused": "the zygote gave no answer"}
         if reply.get("rc") is None:
             self._refuse(argv, str(reply.get("refused")))

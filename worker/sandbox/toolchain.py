@@ -4,17 +4,19 @@ zygote in a child of its own, never in the job's process.
 The upload's code runs in the job child under the strict profile (no exec, no new
 process) from its first line to its exit, whatever targets it asked for. When a
 conversion needs a program (AOTInductor's `g++`, ExecuTorch's `flatc`), the job child
-asks on its request pipe: `{"exec": argv, "cwd": dir, "merge": bool}`. The zygote checks
-the request here (`check`): the program must be one of the job's entry points
+asks on its request pipe: `TOOLCHAIN{"exec": argv, "cwd": dir, "merge": bool}`. The
+zygote forks a toolchain child for it without parsing the line (it names the job's files
+and flags, and later jobs inherit the zygote's heap); the child checks it (`check`) after
+its lockdown: the program must be one of the job's entry points
 (`converters.entry_points`, resolved by the worker), every flag must be one this
-module allows for it, and every file it names must lie in the job's directory. Then it
-forks a toolchain child, which locks itself down with the job's confinement plus the
-converters' profile (Landlock may execute exactly the toolchain's files; seccomp allows
-execve and process creation, never namespaces), opens its output files in the job's
-scratch directory and execs the program with an environment of ours. Only the exit
-status comes back through the zygote (`{"toolchain": true, "rc": N}`); the output is
-read by the job from its own scratch directory, so nothing the compiler prints passes
-through memory that later jobs inherit.
+module allows for it, and every file it names must lie in the job's directory. The
+toolchain child is locked down with the job's confinement plus the converters' profile
+(Landlock may execute exactly the toolchain's files; seccomp allows execve and process
+creation, never namespaces), opens its output files in the job's scratch directory and
+execs the program with an environment of ours. A refusal it answers itself; otherwise
+only the exit status comes back through the zygote (`{"toolchain": true, "rc": N}`); the
+output is read by the job from its own scratch directory, so nothing the compiler prints
+passes through memory that later jobs inherit.
 
 What a job gains by asking for these targets is therefore exactly this: the fixed
 toolchain, with flags from the list below, on files of its own. No plugin
@@ -26,14 +28,17 @@ files): none of them is on the list, and `lto-wrapper` is not executable.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worker.sandbox import protocol
 from worker.sandbox.loader import answer
-from worker.sandbox.processes import kill_group
+from worker.sandbox.processes import close_fd, kill_group
+from worker.sandbox.relay import MAX_REQUEST
 
 if TYPE_CHECKING:
     from worker.sandbox.zygote import Job, Zygote
@@ -209,46 +214,85 @@ def _inside(value: Any, root: Path, what: str) -> str:
 
 
 class Toolchains:
-    """The zygote's side of its jobs' toolchain requests (the state is each `Job`'s)."""
+    """The zygote's side of its jobs' toolchain requests (the state is each `Job`'s).
+
+    The request line stays bytes in the zygote (`relay.Requests`, zeroed once handled):
+    it names the job's files and flags, and every later job inherits the zygote's heap.
+    The toolchain child parses and checks it after its lockdown, in its own address
+    space; a refusal it answers itself, and says so on its status pipe ("R"); a program
+    it runs closes that pipe as it is exec'd, and its exit status is the answer."""
 
     def __init__(self, zygote: Zygote) -> None:
         self.zygote = zygote
 
-    def on_request(self, job: Job, request: dict[str, Any]) -> None:
-        """Run a checked request in a toolchain child, or answer the refusal at once."""
-        entry_points: dict[str, str] = job.limits.get("toolchain") or {}  # type: ignore[assignment]
-        root = Path(job.dirs["root"])
-        try:
-            if job.toolchain_pid is not None:
-                raise Refused("a toolchain program of this job is still running")
-            if job.toolchain_runs >= MAX_RUNS:
-                raise Refused(f"more than {MAX_RUNS} toolchain runs")
-            program, argv, cwd, merge = check(request, entry_points, root)
-        except Refused as exc:
-            answer(job, {"toolchain": True, "rc": None, "refused": str(exc)[:1000]})
+    def on_request(self, job: Job, line: memoryview) -> None:
+        """Hand a toolchain request (its JSON, as bytes) to a toolchain child, or refuse
+        it at once when one is running or the job had its runs."""
+        if job.toolchain_pid is not None:
+            answer(job, _REFUSED_BUSY)
+            return
+        if job.toolchain_runs >= MAX_RUNS:
+            answer(job, _REFUSED_RUNS)
             return
         job.toolchain_runs += 1
         out, err = output_paths(Path(job.dirs["tmp"]), job.toolchain_runs)
         conf = self.zygote.confinement(
             job.dirs, job.limits, [job.dirs["out"], job.dirs["tmp"]], job.gpu, exec_programs=True
         )
-        conf.keep_fds = {}
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        conf.keep_fds = {3: status_w, 4: job.answer_fd}
+        entry_points: dict[str, str] = job.limits.get("toolchain") or {}  # type: ignore[assignment]
+        root = Path(job.dirs["root"])
         try:
             pid = os.fork()
-        except OSError as exc:
-            answer(job, {"toolchain": True, "rc": None, "refused": f"fork failed: {exc}"})
+        except OSError:
+            close_fd(status_r)
+            close_fd(status_w)
+            answer(job, _REFUSED_FORK)
             return
         if pid == 0:
-            work = lambda: _exec(program, argv, cwd, out, None if merge else err)  # noqa: E731
+            work = lambda: _serve(line, entry_points, root, out, err)  # noqa: E731
             self.zygote.become_child(conf, work, announce=False)
-        job.toolchain_pid = pid
+        close_fd(status_w)
+        job.toolchain_pid, job.toolchain_status = pid, status_r
         self.zygote.announce_helper(job, pid)
 
     def finish(self, job: Job, status: int) -> None:
-        """The toolchain child exited: its status is the job's answer."""
-        job.toolchain_pid = None
+        """The toolchain child exited: unless it answered a refusal itself, its status is
+        the job's answer."""
+        refused = b""
+        if job.toolchain_status is not None:
+            os.set_blocking(job.toolchain_status, False)
+            with contextlib.suppress(OSError):
+                refused = os.read(job.toolchain_status, 1)
+            close_fd(job.toolchain_status)
+        job.toolchain_pid = job.toolchain_status = None
+        if refused:
+            return
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         answer(job, {"toolchain": True, "rc": rc, "run": job.toolchain_runs})
+
+
+_REFUSED_BUSY = {"toolchain": True, "rc": None, "refused": "a toolchain program is running"}
+_REFUSED_RUNS = {"toolchain": True, "rc": None, "refused": f"more than {MAX_RUNS} runs"}
+_REFUSED_FORK = {"toolchain": True, "rc": None, "refused": "no process could be started"}
+
+
+def _serve(line: memoryview, entry_points: dict[str, str], root: Path, out: Path, err: Path) -> int:
+    """In the locked-down toolchain child: parse and check the request, then exec its
+    program (fd 3: the status pipe to the zygote; fd 4: the job's answer pipe)."""
+    try:
+        request = protocol.loads_untrusted(bytes(line), MAX_REQUEST)
+        program, argv, cwd, merge = check(request, entry_points, root)
+    except (ValueError, Refused) as exc:
+        reply = {"toolchain": True, "rc": None, "refused": str(exc)[:1000]}
+        with contextlib.suppress(OSError):
+            os.write(4, (json.dumps(reply) + "\n").encode())
+            os.write(3, b"R")
+        return 0
+    os.set_inheritable(3, False)  # closed by the exec: the zygote then answers the rc
+    os.set_inheritable(4, False)
+    return _exec(program, argv, cwd, out, None if merge else err)
 
 
 def _exec(program: str, argv: list[str], cwd: str, out: Path, err: Path | None) -> int:

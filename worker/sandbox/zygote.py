@@ -42,7 +42,7 @@ from worker.sandbox.lockdown import (
     set_dumpable,
 )
 from worker.sandbox.processes import close_fd, count_threads, kill_group, read_status_mb
-from worker.sandbox.relay import Relay
+from worker.sandbox.relay import MAX_REQUEST, Relay, Requests
 from worker.sandbox.spares import Spares
 from worker.sandbox.toolchain import Toolchains
 from worker.sandbox.warmup import (
@@ -67,7 +67,8 @@ class Job:
     answer_fd: int
     dirs: dict[str, str]
     limits: dict[str, int]
-    buffer: bytes = b""
+    requests: Requests = field(default_factory=lambda: Requests(MAX_REQUEST))
+    """What the job wrote on its request pipe, zeroed as it is used."""
     roundtrips: int = 0
     loader_spares: int = 0
     loader_pid: int | None = None
@@ -82,6 +83,9 @@ class Job:
     gpu: bool = False
     toolchain_pid: int | None = None
     """The job's running toolchain child (toolchain.py), if any."""
+    toolchain_status: int | None = None
+    """Its status pipe: "R" when it refused the request (and answered it) itself; closed
+    without a byte when it exec'd the program."""
     toolchain_runs: int = 0
 
     def helpers(self) -> list[int]:
@@ -416,6 +420,8 @@ class Zygote:
         close_fd(job.loader_in)
         if job.loader_out is not None:  # a loader killed before it answered
             job.loader_out.clear()
+        job.requests.clear()
+        close_fd(job.toolchain_status)
         del self.jobs[job.id]
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
