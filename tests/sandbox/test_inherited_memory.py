@@ -1,10 +1,10 @@
 """Nothing of one tenant's job is in the memory a later job inherits (docs/sandbox.md,
 "What a job inherits"): tenant B's jobs carry secrets in their upload's file name, their
-symbol, an option (a dim name), their output's key (which the round trip's loader
-answer carries) and a flag of a toolchain request (which passes the zygote as bytes); tenant A's next job reads every readable page of its own address space
-and says which strings of the secrets' pattern it found. Run with fresh forks and with
-every job in a spare; the scanner's own file name, found in its own memory, shows that
-the scan sees what is there.
+symbol, an option (a dim name), their output's key (which the round trip's loader answer
+carries) and a flag of a toolchain request (which passes the zygote as bytes); tenant A's
+next job reads every readable page of its own address space and says which strings of
+the secrets' pattern it found. Run with fresh forks and with every job in a spare; the
+scanner's own file name, found in its own memory, shows that the scan sees what is there.
 """
 
 from __future__ import annotations
