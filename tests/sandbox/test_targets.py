@@ -98,8 +98,6 @@ def test_a_converting_job_runs_only_the_brokered_toolchain(runner: SandboxRunner
     denied = [w for w in result.report.warnings if w.code == "sandbox_denied"]
     assert denied
     assert {"subprocess.Popen", "os.fork", "os.posix_spawn"} <= set(denied[0].details["attempted"])
-    in_force = result.report.sandbox.details["in_force"] if result.report.sandbox else {}
-    assert "executables" not in in_force  # the job child itself may execute nothing
 
 
 def test_a_failed_target_is_a_warning_unless_required(runner: SandboxRunner) -> None:

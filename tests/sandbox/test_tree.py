@@ -110,3 +110,47 @@ def test_the_jobs_cgroup_lists_every_process_of_the_job() -> None:
         while not groups.remove(group) and time.monotonic() < deadline:
             time.sleep(0.05)
         groups.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job cgroup needs a root worker")
+def test_the_kernel_bounds_the_whole_tree_where_a_memory_cgroup_can_be_made() -> None:
+    groups = cgroups.JobGroups.open("memory")
+    if groups is None:
+        pytest.skip("this host lets no root worker make a v1 memory cgroup")
+    # Three children of 96 MiB each under a limit of two: one of them is killed by the
+    # kernel, whatever the watchdog does, and the group counts it.
+    group = groups.create("tree-oom", 2 * EACH_MB * MIB)
+    assert group is not None
+    assert cgroups.limit(group) == {"memory_max_mb": 2 * EACH_MB}
+    try:
+        ready_r, ready_w = os.pipe()
+        leader = os.fork()
+        if leader == 0:  # pragma: no cover - runs in the child
+            try:
+                os.setsid()
+                cgroups.join(group)
+                os.close(ready_r)
+                for _ in range(CHILDREN):
+                    if os.fork() == 0:
+                        held = bytearray(EACH_MB * MIB)
+                        for offset in range(0, len(held), 4096):
+                            held[offset] = 1
+                        time.sleep(30)
+                        os._exit(0)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and not cgroups.oom_kills(group):
+                    time.sleep(0.05)
+                os.write(ready_w, b"x")
+            finally:
+                os._exit(0)
+        os.close(ready_w)
+        os.read(ready_r, 1)
+        os.close(ready_r)
+        assert cgroups.oom_kills(group) >= 1
+        os.killpg(leader, signal.SIGKILL)
+        os.waitpid(leader, 0)
+    finally:
+        deadline = time.monotonic() + 5
+        while not groups.remove(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        groups.close()

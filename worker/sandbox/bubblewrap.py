@@ -29,7 +29,7 @@ def command(
     jobs_root: Path | None,
     tmpfs_mb: int,
     gpu: GpuAccess | None = None,
-    cgroup: Path | None = None,
+    cgroups: list[Path] | None = None,
 ) -> list[str]:
     """argv prefix: `bwrap ... --` (append the program to run).
 
@@ -65,8 +65,8 @@ def command(
                 binds.append(path)
     code = [str(p) for p in _unique(binds)]
     writable = [str(jobs_root)] if jobs_root is not None else []
-    if cgroup is not None:  # the runner's pids cgroup: each job child joins its own in it
-        writable.append(str(cgroup))
+    # The runner's cgroups (pids, memory): each job child joins its own in them.
+    writable += [str(group) for group in cgroups or []]
     # bwrap creates missing parents of a bind as 0700; the job uid must traverse them.
     for parent in _parents([*code, *extra, *writable]):
         argv += ["--perms", "0755", "--dir", parent]

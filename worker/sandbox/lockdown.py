@@ -59,8 +59,9 @@ class Confinement:
     """Target fd → current fd; everything else is closed."""
     gpu: GpuAccess | None = None
     """A CUDA job's extra devices, paths and variables (gpu.py); None for every other job."""
-    cgroup: Path | None = None
-    """The job's own pids cgroup (cgroups.py), joined while still root; None: none here."""
+    cgroups: list[Path] = field(default_factory=list)
+    """The job's own cgroups (cgroups.py: pids, memory), joined while still root; empty
+    where the host has none for the worker."""
     executables: list[Path] = field(default_factory=list)
     """Files the child may execute (a deployment target's compiler and its helpers); with
     any, seccomp allows execve and process creation and Landlock allows executing exactly
@@ -119,13 +120,15 @@ def apply(conf: Confinement) -> dict[str, object]:
 
     tempfile.tempdir = str(conf.scratch)
     in_force: dict[str, object] = {}
-    if conf.cgroup is not None:
+    if conf.cgroups:
         from worker.sandbox import cgroups
 
-        try:
-            in_force["pids_max"] = cgroups.join(conf.cgroup)
-        except (OSError, ValueError) as exc:
-            raise LockdownError(f"could not join the job's pids cgroup: {exc}") from exc
+        for group in conf.cgroups:
+            try:
+                cgroups.join(group)
+                in_force.update(cgroups.limit(group))
+            except (OSError, ValueError) as exc:
+                raise LockdownError(f"could not join the job's cgroup {group}: {exc}") from exc
     if os.geteuid() == 0 or os.getuid() == 0:
         if conf.uid is None or conf.gid is None or conf.uid == 0:
             raise LockdownError("running as root and no unprivileged uid/gid configured")

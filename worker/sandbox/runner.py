@@ -67,10 +67,11 @@ class SandboxRunner:
         self._owned_root: Path | None = None
         self._counter = itertools.count()
         self._leases: SlotLeases | None = None
-        self._groups: cgroups.JobGroups | None = None
+        self._groups: list[cgroups.JobGroups] = []
+        """The runner's parent groups: pids, and memory where the host has a v1 hierarchy."""
         self._stale_groups: list[Path] = []
         """Job cgroups whose last process (a killed loader) was not reaped yet."""
-        self._job_groups: dict[str, Path] = {}
+        self._job_groups: dict[str, list[Path]] = {}
         """Concurrency slots of the jobs running now (each slot has its own uid)."""
         self._gpu: GpuAccess | None = None
         self._cleaner: Cleaner | None = None
@@ -123,7 +124,11 @@ class SandboxRunner:
         if want is True and self._host.bwrap is None:
             raise SandboxUnavailable("bubblewrap was required: " + self._host.notes["bwrap"])
         self._bwrap = self._host.bwrap
-        self._groups = cgroups.JobGroups.open()
+        self._groups = [
+            group
+            for group in (cgroups.JobGroups.open("pids"), cgroups.JobGroups.open("memory"))
+            if group is not None
+        ]
         if self.settings.job_ids() is not None:
             candidates = self.settings.slot_dirs or default_directories()
             try:
@@ -142,9 +147,9 @@ class SandboxRunner:
         if self._cleaner is not None:
             self._cleaner.close()
             self._cleaner = None
-        if self._groups is not None:
-            self._groups.close()
-            self._groups = None
+        for group in self._groups:
+            group.close()
+        self._groups = []
         if self._owned_root is not None:
             shutil.rmtree(self._owned_root, ignore_errors=True)
             self._owned_root = None
@@ -239,7 +244,7 @@ class SandboxRunner:
             jobs_root=self.jobs_root,
             tmpfs_mb=self.settings.tmpfs_mb,
             gpu=self._gpu,
-            cgroup=self._groups.parent if self._groups is not None else None,
+            cgroups=[group.parent for group in self._groups],
         )
         config = build_config(
             self.settings, self._host, self.jobs_root, bwrap=self._bwrap, gpu=self._gpu
@@ -295,22 +300,28 @@ class SandboxRunner:
             else:
                 shutil.rmtree(staging, ignore_errors=True)
 
-    def _job_group(self, job_id: str) -> Path | None:
-        """A pids cgroup for this job (None where the host has none for us)."""
-        if self._groups is None:
-            return None
+    def _job_groups_for(self, job_id: str, memory_bytes: int) -> dict[str, Path]:
+        """This job's cgroups by controller (`pids`, `memory`; none where the host has
+        none for us). The memory group's limit is the watchdog's with a margin: the
+        watchdog names the job's overrun first, the kernel bounds a faster one."""
         with self._lock:
-            self._stale_groups = [g for g in self._stale_groups if not self._groups.remove(g)]
-        group = self._groups.create(job_id, self.settings.pids_max)
-        if group is not None:
-            self._job_groups[job_id] = group
-        return group
+            self._stale_groups = [g for g in self._stale_groups if not cgroups.JobGroups.remove(g)]
+        made: dict[str, Path] = {}
+        for parent in self._groups:
+            limit = self.settings.pids_max
+            if parent.controller == "memory":
+                limit = memory_bytes + max(512 << 20, memory_bytes // 4)
+            group = parent.create(job_id, limit)
+            if group is not None:
+                made[parent.controller] = group
+        self._job_groups[job_id] = list(made.values())
+        return made
 
     def _drop_group(self, job_id: str) -> None:
-        group = self._job_groups.pop(job_id, None)
-        if group is not None and self._groups is not None and not self._groups.remove(group):
-            with self._lock:
-                self._stale_groups.append(group)
+        for group in self._job_groups.pop(job_id, []):
+            if not cgroups.JobGroups.remove(group):
+                with self._lock:
+                    self._stale_groups.append(group)
 
     def _take_slot(self) -> Slot:
         """The lowest concurrency slot no running job on this machine holds (its uid:
@@ -352,15 +363,16 @@ class SandboxRunner:
         )
         if ids is not None:  # the job's own uid (Zygote.confinement takes it out again)
             limits["uid"], limits["gid"] = ids
-        group = self._job_group(job_id)
-        if group is not None:
-            limits["cgroup"] = str(group)
         executables = converters.programs(options.targets)
         if executables:  # the toolchain children's profile (toolchain.py; never the job's)
             limits["executables"] = [str(path) for path in executables]
             limits["toolchain"] = converters.entry_points(options.targets)
         rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
         memory_bytes = (memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
+        groups = self._job_groups_for(job_id, memory_bytes)
+        if groups:
+            limits["cgroups"] = [str(group) for group in groups.values()]
+        group = groups.get("pids") or groups.get("memory")
         watch = supervisor.Watch()
         watch.tree.group = group
         zygote.watches[job_id] = watch
@@ -407,6 +419,8 @@ class SandboxRunner:
         # exit before the next.
         if verdict is None and supervisor.measure_disk(staging, [], watch, self.settings):
             verdict = "disk_quota_exceeded"
+        if verdict is None and "memory" in groups and cgroups.oom_kills(groups["memory"]):
+            verdict = "out_of_memory"  # the kernel killed a process of the job's tree
         reader.join(timeout=self.settings.kill_grace_s)
         log.close()
         error = results.map_error(verdict, exit_info, watch, timeout, memory_mb, self.settings)
@@ -425,6 +439,7 @@ class SandboxRunner:
                 "limit_mb": memory_bytes >> 20,
                 "peak_mb": round(watch.tree_peak / (1 << 20), 1),
                 "tree": "cgroup" if group is not None else "sessions",
+                "memory_cgroup": "memory" in groups,
             },
         }
         if zygote.info.get("mount_view"):

@@ -256,7 +256,7 @@ class Zygote:
         exec_programs: bool = False,
     ) -> Confinement:
         """The lockdown of a child of a job (job child or loader): the job's directories
-        and limits, its own uid and cgroup when the worker gave them, and with
+        and limits, its own uid and cgroups when the worker gave them, and with
         `exec_programs` (a toolchain child only, never a process that runs uploaded code)
         the programs its targets run, when Landlock can confine execution to them (never
         without Landlock)."""
@@ -265,7 +265,7 @@ class Zygote:
             given.pop("uid", self.config.get("uid")),
             given.pop("gid", self.config.get("gid")),
         )
-        cgroup: Any = given.pop("cgroup", None)  # a path among the ints
+        groups: Any = given.pop("cgroups", None) or []  # paths among the ints
         programs: Any = given.pop("executables", None) or []  # paths among the ints
         given.pop("toolchain", None)  # the entry points (toolchain.py)
         landlock = bool(self.config.get("landlock", True))
@@ -278,7 +278,7 @@ class Zygote:
             gid=gid,
             landlock=landlock,
             gpu=self.gpu if gpu else None,
-            cgroup=Path(cgroup) if cgroup else None,
+            cgroups=[Path(group) for group in groups],
             executables=[Path(p) for p in programs] if exec_programs and landlock else [],
         )
 

@@ -200,7 +200,7 @@ def build_argv(
     jobs_root: Path,
     tmpfs_mb: int,
     gpu: GpuAccess | None,
-    cgroup: Path | None,
+    cgroups: list[Path],
 ) -> list[str]:
     """The zygote's command line (the control socket's fd is appended at the start):
     this interpreter in isolated mode, inside bubblewrap where the host has it."""
@@ -218,7 +218,7 @@ def build_argv(
             jobs_root=jobs_root,
             tmpfs_mb=tmpfs_mb,
             gpu=gpu,
-            cgroup=cgroup,
+            cgroups=cgroups,
         )
         argv = [*prefix, *argv]
     return argv
