@@ -25,6 +25,14 @@ EACH_MB = 96
 CHILDREN = 3
 
 
+def _hold(mb: int) -> bytearray:
+    """`mb` MiB of this process's own memory, every page touched."""
+    held = bytearray(mb * MIB)
+    for offset in range(0, len(held), 4096):
+        held[offset] = 1
+    return held
+
+
 def _family(group: Path | None, folder: Path) -> Iterator[tuple[int, list[int]]]:
     """A session leader (the 'job child') that forks CHILDREN children, each touching
     EACH_MB of private memory and holding a deleted file of EACH_MB open; yields the
@@ -38,9 +46,7 @@ def _family(group: Path | None, folder: Path) -> Iterator[tuple[int, list[int]]]
                 cgroups.join(group)
             for index in range(CHILDREN):
                 if os.fork() == 0:
-                    held = bytearray(EACH_MB * MIB)
-                    for offset in range(0, len(held), 4096):
-                        held[offset] = 1
+                    _kept = _hold(EACH_MB)  # held until the process ends
                     path = folder / f"deleted-{index}"
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
                     os.write(fd, b"x" * (EACH_MB * MIB))
@@ -132,9 +138,7 @@ def test_the_kernel_bounds_the_whole_tree_where_a_memory_cgroup_can_be_made() ->
                 os.close(ready_r)
                 for _ in range(CHILDREN):
                     if os.fork() == 0:
-                        held = bytearray(EACH_MB * MIB)
-                        for offset in range(0, len(held), 4096):
-                            held[offset] = 1
+                        _kept = _hold(EACH_MB)  # held until the process ends
                         time.sleep(30)
                         os._exit(0)
                 deadline = time.monotonic() + 20
