@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch.utils._pytree import tree_map_only
 from engine.errors import EagerRunFailed, InvalidInputs
 from engine.inputs import normalize_inputs
 from engine.source_map import SourceMap
+from engine.weights import load_weights
 
 __all__ = ["module_inputs", "run_eager"]
 
@@ -128,3 +130,30 @@ def _restore(module: torch.nn.Module, saved: _Snapshot) -> None:
             getattr(owner, kind)[name] = tensor
             if tensor is not None and value is not None:
                 tensor.copy_(value)
+
+
+def prepare(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    weights: Path | None,
+    device: str,
+    source_map: SourceMap,
+    reference: bool,
+) -> tuple[tuple[Any, ...], dict[str, Any], Any, dict[str, torch.Tensor]]:
+    """The last steps of loading, for code and checkpoint uploads alike: the uploaded
+    weights loaded (strictly), model and inputs moved to `device`, and with `reference`
+    the eager reference run.
+
+    Returns:
+        The inputs on the device, and the reference outputs and buffers (None and {}
+        without `reference`).
+    """
+    if weights is not None:
+        load_weights(model, weights)
+    if device == "cuda":
+        model.to("cuda")
+        args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), (args, kwargs))
+    outputs, buffers = run_eager(model, args, kwargs, source_map) if reference else (None, {})
+    return args, kwargs, outputs, buffers

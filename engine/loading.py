@@ -30,17 +30,16 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 
+from engine import checkpoint
 from engine import libraries as library_index
-from engine.eager import module_inputs, run_eager
+from engine.eager import module_inputs, prepare, run_eager
 from engine.errors import EnvironmentMismatch, InvalidRequest
 from engine.inputs import read_inputs
 from engine.model import LoadedModel, Upload
 from engine.model_resolution import FunctionModule, model_like_names, resolve_model, wrap_function
 from engine.source_map import SourceMap
 from engine.upload_import import import_entry
-from engine.weights import load_weights
 from schemas import ExportOptions
 from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
 
@@ -54,6 +53,7 @@ __all__ = [
     "import_entry",
     "load",
     "model_like_names",
+    "place_files",
     "place_source",
     "resolve_model",
     "run_eager",
@@ -113,7 +113,18 @@ def load(
     root = workdir / "src"
     root.mkdir(parents=True, exist_ok=True)
     source_map = SourceMap(root)
-    entry = place_source(upload.model, root, options.entry)
+    files, unpacked = place_files(upload.model, root)
+    base = checkpoint.checkpoint_base(files, options.entry) if unpacked else None
+    if base is not None:
+        return checkpoint.load_checkpoint(
+            upload,
+            options,
+            root / base,
+            source_map,
+            reference=reference,
+            libraries=libraries,
+        )
+    entry = choose_entry(files, options.entry) if unpacked else files[0]
     before = set(sys.modules)
     module: ModuleType | None = None
     try:
@@ -130,12 +141,15 @@ def load(
         args, kwargs = read_inputs(upload.inputs)
     else:
         args, kwargs = module_inputs(module, model)
-    if upload.weights is not None:
-        load_weights(model, upload.weights)
-    if options.device == "cuda":
-        model.to("cuda")
-        args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), (args, kwargs))
-    outputs, buffers = run_eager(model, args, kwargs, source_map) if reference else (None, {})
+    args, kwargs, outputs, buffers = prepare(
+        model,
+        args,
+        kwargs,
+        weights=upload.weights,
+        device=options.device,
+        source_map=source_map,
+        reference=reference,
+    )
     return LoadedModel(
         module=model,
         args=args,
@@ -181,6 +195,16 @@ def check_requires(requires: list[str]) -> None:
 
 def place_source(model: Path, root: Path, entry: str | None) -> str:
     """Copy or unpack the uploaded model under `root`; return the entry's relative path."""
+    files, unpacked = place_files(model, root)
+    return choose_entry(files, entry) if unpacked else files[0]
+
+
+def place_files(model: Path, root: Path) -> tuple[list[str], bool]:
+    """Copy the uploaded source file under `root`, or unpack the uploaded zip there.
+
+    Returns:
+        The relative paths of the files placed, and whether they came from a zip.
+    """
     try:
         is_zip = model.suffix.lower() == ".zip" or (
             model.suffix.lower() != ".py" and zipfile.is_zipfile(model)
@@ -188,15 +212,14 @@ def place_source(model: Path, root: Path, entry: str | None) -> str:
         if not is_zip:
             name = model.name if model.suffix.lower() == ".py" else "model.py"
             shutil.copyfile(model, root / name)
-            return name
+            return [name], False
     except OSError as exc:
         raise InvalidRequest(
             "The uploaded model file cannot be read.",
             stage=STAGE,
             details={"model": model.name, "exception": type(exc).__name__},
         ) from exc
-    files = unpack_zip(model, root)
-    return choose_entry(files, entry)
+    return unpack_zip(model, root), True
 
 
 def unpack_zip(
@@ -311,6 +334,14 @@ def choose_entry(files: list[str], entry: str | None) -> str:
         return f"{prefix}model.py"
     if len(level) == 1:
         return level[0]
+    if not sources:
+        raise InvalidRequest(
+            "The zip holds neither Python source nor a checkpoint's config.json.",
+            hint="Zip your model code (with a model.py), or a whole `save_pretrained` "
+            "directory (config.json and its *.safetensors).",
+            stage=STAGE,
+            details={"entry": None, "candidates": [], "reason": "no_model"},
+        )
     raise InvalidRequest(
         "The zip has no single entry file; name one with the `entry` option.",
         stage=STAGE,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from engine.source_map import SourceMap
+from schemas import CheckpointReport
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class LoadedModel:
     entry: str
     module_name: str
     module_dynamic_shapes: Any = None
+    dynamic_shapes_source: str = "module"
+    """`module`: the module's own torch-form spec; `checkpoint`: the JSON spec made for a
+    checkpoint's task (engine.checkpoint)."""
     eager_outputs: Any = None
     eager_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     device: str = "cpu"
+    checkpoint: CheckpointReport | None = None
+    """For a checkpoint upload: the task and how it was chosen (report.checkpoint)."""

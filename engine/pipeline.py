@@ -172,6 +172,7 @@ def run_export(
         error=error,
         draft_export=run.sections.get("draft_export"),
         targets=run.targets,
+        checkpoint=run.sections.get("checkpoint"),
         environment=environment.describe(request.options.device, libraries=run.libraries),
         artifacts=(
             [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
@@ -196,6 +197,7 @@ def _export(
         loaded = loading.load(
             request.upload, options, request.work_dir, reference=False, libraries=run.libraries
         )
+        run.sections["checkpoint"] = loaded.checkpoint
         # Before the eager run and portability wrapping: the inputs as the user gave them,
         # in the report even when the model then fails (the dynamic-shapes editor needs them).
         run.sections["inputs"] = inputs.summarize_inputs(
@@ -213,7 +215,7 @@ def _export(
             spec: Any = plain_options(options.dynamic_shapes)
             source = "options"
         elif loaded.module_dynamic_shapes is not None:
-            spec, source = loaded.module_dynamic_shapes, "module"
+            spec, source = loaded.module_dynamic_shapes, loaded.dynamic_shapes_source
         else:
             spec, source = None, "none"
         traced: tracing.Traced | None = None

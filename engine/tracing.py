@@ -46,7 +46,7 @@ __all__ = ["MAX_FIX_ROUNDS", "Traced", "trace"]
 MAX_FIX_ROUNDS = 3
 """How many times per mode the suggested fixes are applied before giving up."""
 
-Source = Literal["options", "module", "none"]
+Source = Literal["options", "module", "checkpoint", "none"]
 
 
 @dataclass
@@ -64,7 +64,8 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
     Args:
         loaded: the model and its example inputs.
         options: `strict` (False, True or "auto") and `auto_fix_dynamic_shapes` are used.
-        dynamic_shapes: the JSON spec when `source` is "options", the torch-form spec
+        dynamic_shapes: the JSON spec when `source` is "options" or "checkpoint" (made
+            for a checkpoint's task), the torch-form spec
             from the uploaded module when it is "module", None when "none".
         source: where `dynamic_shapes` came from.
 
@@ -186,7 +187,7 @@ class _State:
 
 
 def _source(source: str) -> Source:
-    if source not in ("options", "module", "none"):
+    if source not in ("options", "module", "checkpoint", "none"):
         raise ValueError(f"unknown dynamic-shapes source {source!r}")
     return source  # type: ignore[return-value]
 
@@ -195,7 +196,7 @@ def _torch_spec(loaded: LoadedModel, spec: Any, state: _State) -> Any:
     """The spec in torch's form; records the requested spec in JSON form."""
     if spec is None or state.source == "none":
         return None
-    if state.source == "options":
+    if state.source in ("options", "checkpoint"):  # both in the contract's JSON form
         state.requested = plain_json(spec)
         return to_torch(spec, loaded.module, loaded.args, loaded.kwargs)
     state.requested = _json_or_none(spec)

@@ -47,11 +47,13 @@ from schemas.options import (
     ExportOptions,
     SubmittedOptions,
     TargetName,
+    TaskName,
     VerifyOptions,
 )
 from schemas.progress import Progress
 from schemas.report import (
     ArtifactInfo,
+    CheckpointReport,
     DecompositionReport,
     DraftIssue,
     DynamicShapeFix,
@@ -83,6 +85,7 @@ __all__ = [
     "ArgSpec",
     "ArtifactInfo",
     "ArtifactRef",
+    "CheckpointReport",
     "DecompositionOptions",
     "DecompositionReport",
     "DimDeclaration",
@@ -128,6 +131,7 @@ __all__ = [
     "SubmittedOptions",
     "TargetName",
     "TargetResult",
+    "TaskName",
     "TensorMeta",
     "TraceAttempt",
     "TracingReport",

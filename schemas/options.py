@@ -50,6 +50,22 @@ class VerifyOptions(StrictModel):
 TargetName = Literal["onnx", "aoti", "executorch"]
 """The deployment targets an export can also produce (docs/targets.md)."""
 
+TaskName = Literal[
+    "text-generation",
+    "text-classification",
+    "token-classification",
+    "question-answering",
+    "fill-mask",
+    "feature-extraction",
+    "image-classification",
+    "object-detection",
+    "semantic-segmentation",
+    "automatic-speech-recognition",
+    "text2text-generation",
+]
+"""What a checkpoint upload (a `save_pretrained` directory) is exported for, named as
+optimum names its tasks (docs/contract.md §1, *Checkpoints*)."""
+
 AotiIsa = Literal["portable", "native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
 
 
@@ -75,6 +91,12 @@ class ExportOptions(StrictModel):
     symbol: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "model"
     entry: str | None = Field(
         default=None, description="The entry file inside a zip upload, e.g. `pkg/net.py`."
+    )
+    task: TaskName | None = Field(
+        default=None,
+        description="For a checkpoint upload (a zip of a `save_pretrained` directory): the "
+        "task whose model class is built from the config; null infers it from "
+        "`config.architectures`. Ignored for Python uploads.",
     )
     strict: bool | Literal["auto"] = False
     dynamic_shapes: DynamicShapesSpec | None = None

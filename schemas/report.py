@@ -47,7 +47,7 @@ class DynamicShapesReport(StrictModel):
     requested: DynamicShapesSpec | None = None
     applied: DynamicShapesSpec | None = None
     fixes: list[DynamicShapeFix] = Field(default_factory=list)
-    source: Literal["options", "module", "none"] = "none"
+    source: Literal["options", "module", "checkpoint", "none"] = "none"
     suggested: DynamicShapesSpec | None = Field(
         default=None,
         description="For an export without dynamic shapes (source none): a spec the engine "
@@ -203,6 +203,37 @@ class InputSummary(StrictModel):
     )
 
 
+class CheckpointReport(StrictModel):
+    """How a checkpoint upload (a `save_pretrained` directory) became a model."""
+
+    task: str = Field(description='The task exported, e.g. "fill-mask".')
+    task_source: Literal["options", "architectures", "auto_map"] = Field(
+        description="`options`: the `task` option; `architectures`: inferred from "
+        "`config.architectures`; `auto_map`: from the checkpoint's own code (`auto_map`)."
+    )
+    model_type: str = Field(description='`config.model_type`, e.g. "bert".')
+    architecture: str | None = Field(
+        default=None, description="The first of `config.architectures`, if any."
+    )
+    model_class: str = Field(description="The class built for the task, e.g. `BertForMaskedLM`.")
+    weights_format: Literal["safetensors", "pytorch_bin"]
+    weights_files: list[str] = Field(default_factory=list)
+    remote_code: bool = Field(
+        default=False,
+        description="The model class came from the checkpoint's own code (`auto_map`).",
+    )
+    newly_initialized: list[str] = Field(
+        default_factory=list,
+        description="Parameters the checkpoint does not hold, initialized at random (a head "
+        "of another task than the checkpoint's); at most 50.",
+    )
+    generated_inputs: bool = Field(
+        default=True,
+        description="The example inputs and dynamic shapes were made for the task (false "
+        "when an inputs file was uploaded).",
+    )
+
+
 class ModelSummary(StrictModel):
     """What the program holds."""
 
@@ -271,4 +302,7 @@ class ReportDocument(StrictModel):
     environment: Environment
     artifacts: list[ArtifactInfo] = Field(default_factory=list)
     sandbox: SandboxReport | None = None
+    checkpoint: CheckpointReport | None = Field(
+        default=None, description="For a checkpoint upload: the task and how it was chosen."
+    )
     duration_s: float | None = None

@@ -180,13 +180,23 @@ def _validate_zip(path: Path, entry: str | None) -> None:
             "model zip has paths outside itself", details={"field": "model", "reason": "zip_slip"}
         )
     if entry is None:
-        if not any(name.endswith(".py") for name in names):
-            raise InvalidRequest("model zip holds no .py file", details={"field": "options.entry"})
+        if not any(name.endswith(".py") or _is_config(name) for name in names):
+            raise InvalidRequest(
+                "model zip holds no .py file and no checkpoint config.json",
+                details={"field": "options.entry", "reason": "no_model"},
+            )
     elif entry not in names:
         raise InvalidRequest(
             f"entry {entry!r} is not in the zip",
             details={"field": "options.entry", "entry": entry},
         )
+
+
+def _is_config(name: str) -> bool:
+    """A checkpoint's config.json at the zip's root or in one top folder (the engine then
+    builds the model from it: docs/contract.md §1, *Checkpoints*)."""
+    parts = archives.member_parts(name)
+    return parts[-1:] == ["config.json"] and len(parts) <= 2
 
 
 @dataclass

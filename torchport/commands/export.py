@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from rich.markup import escape
 from engine.artifacts import ARTIFACT_NAMES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body, validation_items
+from torchport.checkpoints import upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 from torchport.summary import render_summary
 
@@ -51,7 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the request, run the export, print a summary; return the exit code."""
     err = Console(stderr=True)
-    models = [args.model, *args.more_models]
+    with tempfile.TemporaryDirectory(prefix="torchport-checkpoints-") as zips:
+        models = [upload_path(m, Path(zips), _say(err)) for m in [args.model, *args.more_models]]
+        return _run(args, models, err)
+
+
+def _run(args: argparse.Namespace, models: list[Path], err: Console) -> int:
     try:
         options = _options(args)
         if len(models) > 1 and (args.inputs or args.weights):
@@ -98,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                 render_summary(report, Console(), out_dir=out)
             failed += report.status != "succeeded"
     return EXIT_OK if not failed else EXIT_FAILED
+
+
+def _say(console: Console) -> Callable[[str], None]:
+    return lambda text: console.print(escape(text))
 
 
 class _UsageError(Exception):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from schemas import STAGES
+from torchport.checkpoints import upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 
 
@@ -48,6 +50,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Submit, optionally wait with a progress bar and download; returns the exit code."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from torchport.client import Client, TorchportError
@@ -59,10 +62,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"torchport submit: bad --options/--dynamic-shapes: {exc}")
         return 2
     wait = args.wait or args.out is not None
-    with Client(args.server, args.api_key) as client:
+    with (
+        Client(args.server, args.api_key) as client,
+        tempfile.TemporaryDirectory(prefix="torchport-checkpoints-") as zips,
+    ):
         try:
             job = client.submit(
-                args.model,
+                upload_path(args.model, Path(zips), lambda text: console.print(escape(text))),
                 inputs=args.inputs,
                 weights=args.weights,
                 options=options or None,

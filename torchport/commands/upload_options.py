@@ -9,7 +9,17 @@ from typing import Any
 
 def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, its inputs and weights files, and the export options (docs/contract.md §8)."""
-    parser.add_argument("model", type=Path, help="the model source: a .py file or a .zip")
+    parser.add_argument(
+        "model",
+        type=Path,
+        help="the model source: a .py file or a .zip, or a save_pretrained directory "
+        "(zipped: config.json, generation_config.json and the weights)",
+    )
+    parser.add_argument(
+        "--task",
+        help="for a checkpoint: the task to export for, e.g. fill-mask, text-generation "
+        "(default: inferred from config.architectures)",
+    )
     parser.add_argument("--inputs", type=Path, help="example inputs: .safetensors, .pt or .json")
     parser.add_argument("--weights", type=Path, help="state dict: .safetensors or .pt")
     parser.add_argument("--options", help="export options: JSON text or a .json file")
@@ -37,8 +47,10 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    """Add the `--requires` of the command line to the options' `requires`, and its
-    `--target`s to the options' `targets`."""
+    """Add the `--requires` of the command line to the options' `requires`, its
+    `--target`s to the options' `targets`, and `--task` as the options' `task`."""
+    if args.task:
+        options["task"] = args.task
     if args.target:
         existing = options.get("targets", [])
         if isinstance(existing, list):

@@ -1,0 +1,12 @@
+"""Checkpoint uploads: a zip of a `save_pretrained` directory instead of model code.
+
+`detection` finds the checkpoint among the unpacked files (no transformers needed),
+`tasks` maps tasks to transformers' auto classes and infers the task from the config,
+`example_inputs` makes the inputs and the dynamic shapes of a task, and `building`
+builds the model, loads its weights and hands the loading stage a `LoadedModel`.
+"""
+
+from engine.checkpoint.building import load_checkpoint
+from engine.checkpoint.detection import checkpoint_base
+
+__all__ = ["checkpoint_base", "load_checkpoint"]
