@@ -169,3 +169,6 @@ class JobSummary(StrictModel):
     model_name: str | None = None
     inputs_name: str | None = None
     weights_name: str | None = None
+    expired_at: datetime | None = Field(
+        default=None, description="When the job's files were deleted; null while kept."
+    )

@@ -35,6 +35,7 @@ SUMMARY_COLUMNS = (
     Job.model_name,
     Job.inputs_name,
     Job.weights_name,
+    Job.expired_at,
 )
 """The columns of `JobSummary` as they are stored (its `error` is read by `_error_code`)."""
 
