@@ -22,6 +22,17 @@ EXECUTORCH = "model.pte"
 TARGET_ARTIFACTS = {"onnx": ONNX, "aoti": AOTI, "executorch": EXECUTORCH}
 """The file each deployment target writes (option `targets`), by target name."""
 
+ONNX_DATA = "model.onnx.data"
+TARGET_COMPANIONS: dict[str, tuple[str, ...]] = {"onnx": (ONNX_DATA,)}
+"""Files a target may write beside its artifact (listed in its report entry's
+`artifacts`): the weights of an ONNX model saved with external data."""
+
+TARGET_FILES = (
+    *TARGET_ARTIFACTS.values(),
+    *(name for names in TARGET_COMPANIONS.values() for name in names),
+)
+"""Every file name any target may write."""
+
 
 def artifact_info(path: Path) -> ArtifactInfo:
     """Name, size and SHA-256 of an artifact file, read in chunks."""

@@ -7,7 +7,9 @@ torch object leaks into the output. Conventions:
   `aten.add.Tensor`, `higher_order.cond`, `operator.getitem`;
 - dtypes of values are bare names (`float32`); dtypes, devices and layouts appearing as
   node arguments are written as torch prints them (`torch.float32`, `cpu`);
-- symbolic sizes are their sympy expression as text (`s77`, `2*s0 + 1`);
+- symbolic sizes are their sympy expression as text, each symbol under the name the
+  user's dynamic-shapes spec gave it (`batch`, `2*batch + 1`; `engine.dim_names`), else
+  torch's (`s77`);
 - pytree paths of user inputs are `args[0]['a'][1]` / `kwargs['mask']`; those of user
   outputs are `pytree.keystr` of the output (`[0]`, or `""` for a single tensor), as in
   the verification report.
@@ -26,6 +28,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
+from engine.dim_names import DimNames, rename
 from engine.source_map import SourceMap
 from schemas import (
     Graph,
@@ -113,25 +116,25 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def symbolic_int(value: Any) -> int | str:
-    """An int, or the expression of a symbolic int as text (`s0`, `2*s0 + 1`)."""
+def symbolic_int(value: Any, names: DimNames | None = None) -> int | str:
+    """An int, or the expression of a symbolic int as text (`batch`, `2*s0 + 1`)."""
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
         if getattr(expr, "is_number", False):
             return int(expr)
-        return str(expr)
+        return rename(expr, names)
     return int(value)
 
 
-def shape_of(tensor: torch.Tensor) -> list[int | str]:
-    """The sizes of a (fake) tensor, symbols as text."""
-    return [symbolic_int(size) for size in tensor.shape]
+def shape_of(tensor: torch.Tensor, names: DimNames | None = None) -> list[int | str]:
+    """The sizes of a (fake) tensor, symbols as text under the user's names."""
+    return [symbolic_int(size, names) for size in tensor.shape]
 
 
-def range_constraints(ep: ExportedProgram) -> list[RangeConstraint]:
+def range_constraints(ep: ExportedProgram, names: DimNames | None = None) -> list[RangeConstraint]:
     """The program's symbols and their ranges, sorted by symbol; unbounded ends are null."""
     out = [
-        RangeConstraint(symbol=str(symbol), min=_bound(vr.lower), max=_bound(vr.upper))
+        RangeConstraint(symbol=rename(symbol, names), min=_bound(vr.lower), max=_bound(vr.upper))
         for symbol, vr in ep.range_constraints.items()
     ]
     return sorted(out, key=lambda rc: _natural_key(rc.symbol))
@@ -161,17 +164,25 @@ def _natural_key(text: str) -> tuple[Any, ...]:
 # --- graph.json --------------------------------------------------------------------------
 
 
-def graph_document(ep: ExportedProgram, source_map: SourceMap) -> GraphDocument:
-    """`graph.json`: every node with its arguments, shapes, user source and module path."""
+def graph_document(
+    ep: ExportedProgram, source_map: SourceMap, names: DimNames | None = None
+) -> GraphDocument:
+    """`graph.json`: every node with its arguments, shapes, user source and module path;
+    `names` gives the user's dim names for torch's symbols."""
     return GraphDocument(
-        graph=_graph(ep.graph_module, source_map, frozenset()),
+        graph=_graph(ep.graph_module, source_map, frozenset(), names),
         op_histogram=op_histogram(ep.graph_module),
-        range_constraints=range_constraints(ep),
+        range_constraints=range_constraints(ep, names),
     )
 
 
-def _graph(gm: torch.fx.GraphModule, source_map: SourceMap, parents: frozenset[int]) -> Graph:
-    nodes = [_node(node, source_map) for node in gm.graph.nodes]
+def _graph(
+    gm: torch.fx.GraphModule,
+    source_map: SourceMap,
+    parents: frozenset[int],
+    names: DimNames | None = None,
+) -> Graph:
+    nodes = [_node(node, source_map, names) for node in gm.graph.nodes]
     inputs = [node.name for node in gm.graph.nodes if node.op == "placeholder"]
     outputs: list[str] = []
     for node in gm.graph.nodes:
@@ -186,21 +197,21 @@ def _graph(gm: torch.fx.GraphModule, source_map: SourceMap, parents: frozenset[i
         inputs=inputs,
         outputs=outputs,
         subgraphs={
-            name: _graph(sub, source_map, inner)
+            name: _graph(sub, source_map, inner, names)
             for name, sub in subgraphs(gm).items()
             if id(sub) not in inner  # a graph cannot contain itself; guard anyway
         },
     )
 
 
-def _node(node: torch.fx.Node, source_map: SourceMap) -> GraphNode:
+def _node(node: torch.fx.Node, source_map: SourceMap, names: DimNames | None) -> GraphNode:
     val = node.meta.get("val")
     shape = dtype = outputs = None
     if isinstance(val, torch.Tensor):
-        shape, dtype = shape_of(val), dtype_name(val.dtype)
+        shape, dtype = shape_of(val, names), dtype_name(val.dtype)
     elif isinstance(val, list | tuple):
         outputs = [
-            TensorMeta(shape=shape_of(v), dtype=dtype_name(v.dtype))
+            TensorMeta(shape=shape_of(v, names), dtype=dtype_name(v.dtype))
             if isinstance(v, torch.Tensor)
             else None
             for v in val
@@ -271,6 +282,7 @@ def signature_document(
     kwargs: dict[str, Any],
     dynamic_shapes_json: Any,
     portability: PortabilityMapping | None = None,
+    names: DimNames | None = None,
 ) -> SignatureDocument:
     """`signature.json`: every input and output of the graph and where user leaves sit.
 
@@ -280,13 +292,14 @@ def signature_document(
             the user inputs when the program's own input spec cannot.
         dynamic_shapes_json: the dynamic-shapes spec used, in the contract's JSON form.
         portability: how a portable wrapper's containers map to the model's own types.
+        names: the user's dim names for torch's symbols (`engine.dim_names`).
     """
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     input_paths = iter(_input_paths(ep, args, kwargs))
     inputs = []
     for spec in ep.graph_signature.input_specs:
         name = getattr(spec.arg, "name", "")
-        meta = _value_meta(placeholders.get(name))
+        meta = _value_meta(placeholders.get(name), names)
         user = spec.kind == InputKind.USER_INPUT
         inputs.append(
             InputSpec(
@@ -305,7 +318,7 @@ def signature_document(
     outputs = []
     for index, spec in enumerate(ep.graph_signature.output_specs):
         value = output_values[index] if index < len(output_values) else None
-        meta = _value_meta(value if isinstance(value, torch.fx.Node) else None)
+        meta = _value_meta(value if isinstance(value, torch.fx.Node) else None, names)
         user = spec.kind == OutputKind.USER_OUTPUT
         outputs.append(
             OutputSpec(
@@ -320,7 +333,7 @@ def signature_document(
     return SignatureDocument(
         inputs=inputs,
         outputs=outputs,
-        range_constraints=range_constraints(ep),
+        range_constraints=range_constraints(ep, names),
         dynamic_shapes=dynamic_shapes_json,
         in_spec=_dumps(ep.call_spec.in_spec),
         out_spec=_dumps(ep.call_spec.out_spec),
@@ -374,10 +387,12 @@ def _output_values(ep: ExportedProgram) -> list[Any]:
     return []
 
 
-def _value_meta(node: torch.fx.Node | None) -> tuple[list[int | str] | None, str | None]:
+def _value_meta(
+    node: torch.fx.Node | None, names: DimNames | None
+) -> tuple[list[int | str] | None, str | None]:
     val = node.meta.get("val") if node is not None else None
     if isinstance(val, torch.Tensor):
-        return shape_of(val), dtype_name(val.dtype)
+        return shape_of(val, names), dtype_name(val.dtype)
     return None, None
 
 
@@ -401,7 +416,7 @@ def _dumps(spec: pytree.TreeSpec | None) -> str | None:
 # --- model summary ------------------------------------------------------------------------
 
 
-def model_summary(ep: ExportedProgram) -> ModelSummary:
+def model_summary(ep: ExportedProgram, names: DimNames | None = None) -> ModelSummary:
     """Parameters and buffers by dtype (element counts), and the user inputs and outputs."""
     signature = ep.graph_signature
     parameters: Counter[str] = Counter()
@@ -415,7 +430,7 @@ def model_summary(ep: ExportedProgram) -> ModelSummary:
                 counter[dtype_name(tensor.dtype)] += tensor.numel()
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     inputs = [
-        _leaf_summary(name, placeholders.get(name), spec.arg)
+        _leaf_summary(name, placeholders.get(name), spec.arg, names)
         for spec in signature.input_specs
         for name in [getattr(spec.arg, "name", "")]
         if spec.kind == InputKind.USER_INPUT
@@ -426,6 +441,7 @@ def model_summary(ep: ExportedProgram) -> ModelSummary:
             getattr(spec.arg, "name", "") or "",
             values[i] if i < len(values) and isinstance(values[i], torch.fx.Node) else None,
             spec.arg,
+            names,
         )
         for i, spec in enumerate(signature.output_specs)
         if spec.kind == OutputKind.USER_OUTPUT
@@ -440,10 +456,12 @@ def model_summary(ep: ExportedProgram) -> ModelSummary:
     )
 
 
-def _leaf_summary(name: str, node: torch.fx.Node | None, arg: Any) -> dict[str, Any]:
+def _leaf_summary(
+    name: str, node: torch.fx.Node | None, arg: Any, names: DimNames | None
+) -> dict[str, Any]:
     val = node.meta.get("val") if node is not None else getattr(arg, "value", None)
     if isinstance(val, torch.Tensor):
-        return {"name": name, "shape": shape_of(val), "dtype": dtype_name(val.dtype)}
+        return {"name": name, "shape": shape_of(val, names), "dtype": dtype_name(val.dtype)}
     if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return {"name": name, "type": type(val).__name__, "expr": str(val.node.expr)}
+        return {"name": name, "type": type(val).__name__, "expr": rename(val.node.expr, names)}
     return {"name": name, "type": type(val).__name__, "value": render_argument(val)}

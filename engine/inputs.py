@@ -318,7 +318,7 @@ def summarize_inputs(
         args: the positional example inputs.
         kwargs: the keyword example inputs.
     """
-    names = _parameter_names(forward, args, kwargs)
+    names = parameter_names(forward, args, kwargs)
     try:
         flat = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]
     except Exception:  # a container type pytree cannot give key paths for: its top level
@@ -345,7 +345,7 @@ def _key_of(key: Any) -> Any:
     return getattr(key, "idx", getattr(key, "key", None))
 
 
-def _parameter_names(
+def parameter_names(
     forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[tuple[int, Any], str | None]:
     """(0, position) or (1, keyword) → the parameter name, when the inputs bind to forward."""

@@ -33,7 +33,8 @@ from engine import (
     tracing,
     verification,
 )
-from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_ARTIFACTS, artifact_info
+from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_FILES, artifact_info
+from engine.dim_names import dim_names
 from engine.errors import ExportError, InternalError, SerializationFailed
 from engine.export_run import MAX_TORCH_WARNINGS, QUIET_CATEGORIES, ExportRun
 from engine.export_run import torch_warnings as _torch_warnings
@@ -152,7 +153,7 @@ def run_export(
             run, diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
         )
     if error is not None:
-        for name in (PROGRAM, GRAPH, SIGNATURE, *TARGET_ARTIFACTS.values()):
+        for name in (PROGRAM, GRAPH, SIGNATURE, *TARGET_FILES):
             (request.out_dir / name).unlink(missing_ok=True)
             artifacts.pop(name, None)
     for name in request.options.targets:
@@ -261,15 +262,18 @@ def _export(
         run.sections["decomposition"] = decomposed.report
         run.warnings.extend(decomposed.warnings)
         ep = decomposed.ep
-        run.sections["model"] = documents.model_summary(ep)
+        names = dim_names(ep, traced.dynamic_shapes, loaded.module, loaded.args, loaded.kwargs)
+        run.sections["model"] = documents.model_summary(ep, names)
 
     if options.verify.enabled:
         with run.step("verifying", "comparing against eager PyTorch"):
-            checked = verification.verify(ep, pristine, loaded.args, loaded.kwargs, options.verify)
+            checked = verification.verify(
+                ep, pristine, loaded.args, loaded.kwargs, options.verify, names=names
+            )
             undecomposed_passed: bool | None = None
             if checked.passed is False:
                 recovered, undecomposed_passed = keep_ops_until_verified(
-                    run, traced.ep, decomposed, checked, loaded, pristine
+                    run, traced.ep, decomposed, checked, loaded, pristine, names
                 )
                 if recovered is not None:
                     ep, checked = recovered
@@ -293,7 +297,9 @@ def _export(
         if roundtrip_wanted and roundtrip_prefetch is not None:
             roundtrip_prefetch(program)
         write_json(
-            request.out_dir / GRAPH, documents.graph_document(ep, loaded.source_map), artifacts
+            request.out_dir / GRAPH,
+            documents.graph_document(ep, loaded.source_map, names),
+            artifacts,
         )
         signature = documents.signature_document(
             ep,
@@ -301,13 +307,14 @@ def _export(
             kwargs=loaded.kwargs,
             dynamic_shapes_json=applied,
             portability=made.mapping,
+            names=names,
         )
         write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if roundtrip_wanted:
             check_roundtrip(run, ep, loaded, program, roundtrip_runner)
 
     if options.targets:
-        convert_targets(run, artifacts, ep, traced.ep, pristine, loaded)
+        convert_targets(run, artifacts, ep, traced.ep, pristine, loaded, names)
 
 
 def _finish_error(run: ExportRun, exc: ExportError) -> ErrorBody:

@@ -11,6 +11,7 @@ error, the save → load round trip (`check_roundtrip`), the deployment targets
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,6 +57,7 @@ def convert_targets(
     traced: torch.export.ExportedProgram,
     pristine: torch.nn.Module,
     loaded: LoadedModel,
+    names: Mapping[str, str] | None = None,
 ) -> None:
     """The deployment targets asked for, each converted from the job's own programs and
     verified in its runtime; a failed one is a `target_failed` warning, or the job's
@@ -76,10 +78,12 @@ def convert_targets(
                 kwargs=loaded.kwargs,
                 out_dir=run.request.out_dir,
                 options=options,
+                names=names,
             )
             run.targets[name] = result
             if result.status == "succeeded" and result.artifact is not None:
-                artifacts[result.artifact] = run.request.out_dir / result.artifact
+                for written in result.artifacts or [result.artifact]:
+                    artifacts[written] = run.request.out_dir / written
                 continue
             error = result.error
             message = error.message if error is not None else f"target {name} failed"
@@ -113,6 +117,7 @@ def keep_ops_until_verified(
     checked: Any,
     loaded: LoadedModel,
     pristine: torch.nn.Module,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[tuple[torch.export.ExportedProgram, Any] | None, bool | None]:
     """The decomposed program failed verification: when the traced one passes, keep the
     fewest ops undecomposed that make it pass (`decomposition.keep_until_verified`).
@@ -129,7 +134,9 @@ def keep_ops_until_verified(
     reports: dict[int, Any] = {}
 
     def passes(trial: torch.export.ExportedProgram) -> bool:
-        reports[id(trial)] = verification.verify(trial, pristine, args, kwargs, opts.verify)
+        reports[id(trial)] = verification.verify(
+            trial, pristine, args, kwargs, opts.verify, names=names
+        )
         return reports[id(trial)].passed is True
 
     failure = _first_failure(checked)

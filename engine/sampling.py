@@ -10,6 +10,7 @@ integer inputs stay inside the example's own value range.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,10 @@ def draw_samples(
     kwargs: dict[str, Any],
     count: int,
     seed: int,
+    names: Mapping[str, str] | None = None,
 ) -> list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]]:
-    """`count` labelled inputs, or one reason why none can be drawn (no symbols: none)."""
+    """`count` labelled inputs, or one reason why none can be drawn (no symbols: none);
+    each with the sizes drawn per symbol, keyed by the user's dim name (`names`) if any."""
     user_vals = _user_input_values(ep)
     flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if len(user_vals) != len(flat):
@@ -65,17 +68,17 @@ def draw_samples(
         else:
             label = f"random-{index - 1}"
             values = {s: rng.randint(symbols[s].lower, symbols[s].upper) for s in ordered}
-        names = {str(s): v for s, v in values.items()}
+        drawn_sizes = {(names or {}).get(str(s), str(s)): v for s, v in values.items()}
         try:
             leaves = [
                 _make_leaf(val, example, values, generator)
                 for val, example in zip(user_vals, flat, strict=True)
             ]
         except ValueError as exc:
-            drawn.append((label, names, str(exc)))
+            drawn.append((label, drawn_sizes, str(exc)))
             continue
         sample_args, sample_kwargs = pytree.tree_unflatten(leaves, spec)
-        drawn.append((label, names, (sample_args, sample_kwargs)))
+        drawn.append((label, drawn_sizes, (sample_args, sample_kwargs)))
     return drawn
 
 

@@ -56,6 +56,8 @@ class Traced:
     ep: torch.export.ExportedProgram
     report: TracingReport
     warnings: list[ReportWarning] = field(default_factory=list)
+    dynamic_shapes: Any = None
+    """The spec in torch's form the program was traced with (fixes applied)."""
 
 
 def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, source: str) -> Traced:
@@ -137,7 +139,7 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
                 warnings = []
                 if widened is not None and args is widened.args:
                     warnings.append(_specialization_avoided(widened))
-                return Traced(ep=ep, report=state.report(), warnings=warnings)
+                return Traced(ep=ep, report=state.report(), warnings=warnings, dynamic_shapes=spec)
     assert error is not None  # at least one attempt ran
     error.tracing_report = state.report()  # type: ignore[attr-defined]
     raise error

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -60,6 +60,7 @@ def verify(
     *,
     seed: int = 0,
     runner: Runner | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> VerificationReport:
     """Compare `ep` with eager `pristine` on the example and on sampled inputs.
 
@@ -73,6 +74,7 @@ def verify(
         runner: run this instead of `ep.module()` (the samples are still drawn from
             `ep`'s ranges); only outputs are compared then: a target's runtime keeps
             buffers and in-place input changes to itself.
+        names: the user's dim names for torch's symbols: a sample's `symbols` use them.
 
     Returns:
         The report; `passed` is true when every check that was not skipped passed.
@@ -85,7 +87,7 @@ def verify(
     template = ep.module() if runner is None else None
     samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts, runner)]
     if opts.samples:
-        for label, symbols, inputs in draw_samples(ep, args, kwargs, opts.samples, seed):
+        for label, symbols, inputs in draw_samples(ep, args, kwargs, opts.samples, seed, names):
             if isinstance(inputs, str):
                 samples.append(
                     SampleCheck(label=label, symbols=symbols, status="skipped", reason=inputs)

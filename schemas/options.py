@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from schemas._base import StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
@@ -85,6 +85,33 @@ class AotiOptions(StrictModel):
     )
 
 
+ONNX_OPSETS = (18, 25)
+"""The ONNX opsets option `onnx.opset` may ask for: torch's exporter (torchlib) writes 18 and
+later, ONNX Runtime 1.32 (the verifier) runs up to 25."""
+
+
+class OnnxOptions(StrictModel):
+    """How the ONNX model (target `onnx`) is written."""
+
+    opset: Annotated[int, Field(ge=ONNX_OPSETS[0], le=ONNX_OPSETS[1])] | None = Field(
+        default=None,
+        description="The ONNX opset (default domain) of the model; null: the exporter's "
+        "default (20 with torch 2.13).",
+    )
+    dtype: Literal["float32", "float16"] = Field(
+        default="float32",
+        description="`float16`: the model's float32 weights and computation converted to "
+        "float16 (inputs and outputs stay float32), verified with the looser float16 "
+        "tolerances unless verify.atol/rtol are set.",
+    )
+    external_data: StrictBool | Literal["auto"] = Field(
+        default="auto",
+        description="Write the weights to `model.onnx.data` beside `model.onnx`: `auto` when "
+        "they exceed 1.5 GB (protobuf cannot hold a model over 2 GB in one file), `true` "
+        "always, `false` never (a model over 2 GB then fails).",
+    )
+
+
 class ExportOptions(StrictModel):
     """Everything a user can ask of one export."""
 
@@ -124,6 +151,7 @@ class ExportOptions(StrictModel):
         "succeeds with the target marked failed and a `target_failed` warning.",
     )
     aoti: AotiOptions = Field(default_factory=AotiOptions)
+    onnx: OnnxOptions = Field(default_factory=OnnxOptions)
     requires: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(
         default_factory=list,
         description="pip-style requirements the worker must meet before the upload runs, e.g. "

@@ -139,6 +139,11 @@ class TargetResult(StrictModel):
         default=None, description='The file written, e.g. "model.onnx"; null unless succeeded.'
     )
     size: int | None = Field(default=None, description="The artifact's size in bytes.")
+    artifacts: list[str] = Field(
+        default_factory=list,
+        description="Every file the target wrote, `artifact` first, then the files it needs "
+        "beside it (`model.onnx.data`: the weights of an ONNX model with external data).",
+    )
     duration_s: float | None = Field(default=None, description="Time to convert (not to verify).")
     verification: VerificationReport | None = Field(
         default=None,

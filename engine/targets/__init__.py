@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine import verification
-from engine.artifacts import TARGET_ARTIFACTS
-from schemas import ErrorBody, ExportOptions, TargetResult, VerificationReport
+from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
+from schemas import ErrorBody, ExportOptions, TargetResult, VerificationReport, VerifyOptions
 from schemas.outcomes import error_body
+from schemas.version import __version__
 
 __all__ = [
     "INSTALL_HINTS",
@@ -143,6 +144,8 @@ def run_target(
     kwargs: dict[str, Any],
     out_dir: Path,
     options: ExportOptions,
+    names: Mapping[str, str] | None = None,
+    onnx_external_threshold: int | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -154,7 +157,11 @@ def run_target(
         pristine: the eager module, never run itself (verification deep-copies it).
         args, kwargs: the example inputs the program was exported with.
         out_dir: where the artifact is written, under its name in `TARGET_ARTIFACTS`.
-        options: the export's options (`aoti`, `verify`).
+        options: the export's options (`aoti`, `onnx`, `verify`).
+        names: the user's dim names for torch's symbols (`engine.dim_names`): the
+            verification samples and the ONNX model's dims carry them.
+        onnx_external_threshold: bytes of weights above which `onnx.external_data: auto`
+            writes `model.onnx.data` (default `onnx.EXTERNAL_DATA_THRESHOLD`).
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -172,14 +179,23 @@ def run_target(
             )
         target = _module(name)
         source = traced if name == "executorch" else program
-        target.convert(source, args, kwargs, path, facts=facts, **_settings(name, options))
+        settings = _settings(name, options, program, pristine, args, kwargs, names)
+        if onnx_external_threshold is not None and name == "onnx":
+            settings["external_threshold"] = onnx_external_threshold
+        target.convert(source, args, kwargs, path, facts=facts, **settings)
         duration = time.perf_counter() - started
         notes += target.notes(facts)
-        flat = target.load(path, source, **_settings(name, options, loading=True))
+        flat = target.load(path, source, **_loading(name, settings, facts))
         if options.verify.enabled:
             runner = structured_runner(flat, program)
             check = verification.verify(
-                program, pristine, args, kwargs, options.verify, runner=runner
+                program,
+                pristine,
+                args,
+                kwargs,
+                _tolerances(name, options),
+                runner=runner,
+                names=names,
             )
         else:
             check = VerificationReport(enabled=False)
@@ -200,7 +216,8 @@ def run_target(
     except Exception as exc:
         if duration is None:
             duration = time.perf_counter() - started
-        path.unlink(missing_ok=True)
+        for written in _files(name, path):
+            written.unlink(missing_ok=True)
         return TargetResult(
             status="failed",
             duration_s=duration,
@@ -213,6 +230,7 @@ def run_target(
         status="succeeded",
         artifact=path.name,
         size=path.stat().st_size,
+        artifacts=[written.name for written in _files(name, path) if written.exists()],
         duration_s=duration,
         verification=check,
         notes=notes,
@@ -225,10 +243,68 @@ def skipped(reason: str) -> TargetResult:
     return TargetResult(status="skipped", notes=[reason])
 
 
-def _settings(name: str, options: ExportOptions, *, loading: bool = False) -> dict[str, Any]:
+FLOAT16_TOLERANCE = (1e-2, 1e-2)
+"""(atol, rtol) a float16 ONNX model is verified with when verify.atol/rtol are unset."""
+
+
+def _settings(
+    name: str,
+    options: ExportOptions,
+    program: torch.export.ExportedProgram,
+    pristine: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: Mapping[str, str] | None,
+) -> dict[str, Any]:
     if name == "aoti":
         return {"isa": options.aoti.isa}
-    return {}
+    if name != "onnx":
+        return {}
+    from engine.targets import onnx_names
+
+    metadata = {"torchport.version": __version__}
+    task = onnx_names.task(pristine)
+    if task is not None:
+        metadata["torchport.task"] = task
+    return {
+        "input_names": onnx_names.input_names(pristine.forward, args, kwargs),
+        "output_names": onnx_names.output_names(program.call_spec.out_spec),
+        "dim_names": names,
+        "metadata": metadata,
+        "opset": options.onnx.opset,
+        "dtype": options.onnx.dtype,
+        "external_data": options.onnx.external_data,
+    }
+
+
+def _loading(name: str, settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    if name == "onnx":
+        # The names the model has (a clash may have suffixed one): fed and fetched by name.
+        wanted = settings["output_names"]
+        outputs = facts.get("outputs") or []
+        return {
+            "input_names": facts.get("inputs"),
+            "output_names": outputs[len(outputs) - len(wanted) :] if wanted else None,
+        }
+    return {key: value for key, value in settings.items() if key == "isa"}
+
+
+def _tolerances(name: str, options: ExportOptions) -> VerifyOptions:
+    opts = options.verify
+    if name != "onnx" or options.onnx.dtype != "float16":
+        return opts
+    atol, rtol = FLOAT16_TOLERANCE
+    return opts.model_copy(
+        update={
+            "atol": atol if opts.atol is None else opts.atol,
+            "rtol": rtol if opts.rtol is None else opts.rtol,
+        }
+    )
+
+
+def _files(name: str, path: Path) -> list[Path]:
+    """The artifact and the files a target may write beside it."""
+    return [path, *(path.with_name(extra) for extra in TARGET_COMPANIONS.get(name, ()))]
 
 
 def _error(name: str, exc: BaseException) -> ErrorBody:
@@ -244,8 +320,9 @@ def _error(name: str, exc: BaseException) -> ErrorBody:
 
 
 _HINTS = {
-    "onnx": "The ONNX exporter has no translation for an op of this program, or the "
-    "program is over 2 GB (protobuf's limit); see the message. program.pt2 is unaffected.",
+    "onnx": "The ONNX exporter has no translation for an op of this program, or a "
+    "single-file model is over 2 GB (protobuf's limit: set onnx.external_data); see the "
+    "message. program.pt2 is unaffected.",
     "aoti": "AOTInductor could not compile or load this program; see the message. "
     "program.pt2 is unaffected.",
     "executorch": "ExecuTorch could not lower or run this program (an op without an "

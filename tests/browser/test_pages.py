@@ -49,7 +49,12 @@ def test_shared_batch_exports_and_the_graph_finds_a_node(page: Any, server: Serv
     symbols = {shape.strip("[]").split(",")[0] for shape in shapes}
     assert len(shapes) == 2 and len(symbols) == 1
     (symbol,) = symbols
-    assert not symbol.isdigit()
+    assert symbol == "batch"  # the declared name, not torch's s43
+    sizes = page.locator("[data-card=verification] tr[data-sample=max] td").nth(1).text_content()
+    assert sizes == "batch=64"
+    # The export-again editor shows the example's sizes, not the symbol.
+    editor = page.locator("[data-card=dynamic-shapes] .dim-editor tbody td").all_text_contents()
+    assert "[2, 4]" in editor and "[2, 6]" in editor and "batch" not in editor
     ranges = page.locator(f"[data-card=summary] li[data-symbol='{symbol}']").text_content()
     assert ranges is not None and "[1, 64]" in ranges
     assert page.locator("[data-card=verification] .verdict.fail").count() == 0

@@ -210,8 +210,8 @@ def test_an_artifact_that_differs_from_eager_is_target_failed(
     needs("onnx")
     real_load = onnx_target.load
 
-    def off_by_one(path: Path, program: torch.export.ExportedProgram) -> Any:
-        runner = real_load(path, program)
+    def off_by_one(path: Path, program: torch.export.ExportedProgram, **names: Any) -> Any:
+        runner = real_load(path, program, **names)
         return lambda args, kwargs: [out + 1 for out in runner(args, kwargs)]
 
     monkeypatch.setattr(onnx_target, "load", off_by_one)
@@ -384,6 +384,14 @@ def test_target_options() -> None:
         ExportOptions(targets=["tflite"])
     with pytest.raises(ValidationError):
         ExportOptions(aoti={"isa": "avx2"})
+    assert ExportOptions().onnx.model_dump() == {
+        "opset": None,
+        "dtype": "float32",
+        "external_data": "auto",
+    }
+    for bad in ({"opset": 17}, {"opset": 26}, {"dtype": "bfloat16"}, {"external_data": "yes"}):
+        with pytest.raises(ValidationError):
+            ExportOptions(onnx=bad)
     assert tuple(TARGET_ARTIFACTS) == targets.ORDER
 
 

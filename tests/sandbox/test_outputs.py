@@ -109,3 +109,59 @@ def test_staging_is_deleted_after_the_job_and_a_crashed_workers_trash_at_start(
     (left / "out" / "program.pt2").write_bytes(b"PK\x03\x04")
     with fresh_runner(work_root=tmp_path / "work", spares=False):
         assert not left.exists()
+
+
+def _with_onnx(out: Path, listed: list[str]) -> None:
+    """The report says target onnx succeeded and wrote `listed`; model.onnx is there."""
+    from schemas import ReportDocument, TargetResult
+
+    report = ReportDocument.model_validate_json((out / "report.json").read_text())
+    report.targets["onnx"] = TargetResult(
+        status="succeeded", artifact="model.onnx", artifacts=listed
+    )
+    (out / "report.json").write_text(report.model_dump_json())
+    (out / "model.onnx").write_bytes(b"\x08\x0a onnx")
+
+
+def test_onnx_external_data_is_taken_when_listed(outputs: Path, tmp_path: Path) -> None:
+    _with_onnx(outputs, ["model.onnx", "model.onnx.data"])
+    (outputs / "model.onnx.data").write_bytes(b"\x00" * 4096)
+    accepted = runner()._take_outputs(outputs, tmp_path / "accepted")
+    assert accepted is not None
+    assert {"model.onnx", "model.onnx.data"} <= set(accepted.files)
+    assert accepted.infos["model.onnx.data"].size == 4096
+    after = runner()._take_outputs(outputs)
+    assert after is not None and after.files["model.onnx.data"] == outputs / "model.onnx.data"
+
+
+def test_files_beside_an_artifact_are_taken_only_when_listed_and_known(
+    outputs: Path, tmp_path: Path
+) -> None:
+    _with_onnx(outputs, ["model.onnx", "extra.bin", "../escape"])
+    (outputs / "model.onnx.data").write_bytes(b"unlisted")
+    (outputs / "extra.bin").write_bytes(b"not a target's file")
+    accepted = runner()._take_outputs(outputs, tmp_path / "accepted")
+    assert accepted is not None
+    assert {"model.onnx.data", "extra.bin", "../escape"}.isdisjoint(accepted.files)
+    assert "model.onnx" in accepted.files
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda out: (out / "model.onnx.data").symlink_to(Path("/etc/hostname")),
+        lambda out: (out / "model.onnx.data").write_bytes(b"\x00" * (1 << 20)),
+        lambda out: None,  # listed, not written
+    ],
+    ids=["data as a link", "data over the size limit", "data missing"],
+)
+def test_bad_external_data_is_untrusted(
+    outputs: Path, tmp_path: Path, forge: Callable[[Path], object]
+) -> None:
+    _with_onnx(outputs, ["model.onnx", "model.onnx.data"])
+    forge(outputs)
+    limit = (outputs / "program.pt2").stat().st_size + 1024
+    with pytest.raises(_Untrusted):
+        runner(max_program_bytes=limit)._take_outputs(outputs, tmp_path / "accepted")
+    with pytest.raises(_Untrusted):
+        runner(max_program_bytes=limit)._take_outputs(outputs)

@@ -25,7 +25,15 @@ from typing import BinaryIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_ARTIFACTS
+from engine.artifacts import (
+    GRAPH,
+    PROGRAM,
+    REPORT,
+    SIGNATURE,
+    TARGET_ARTIFACTS,
+    TARGET_COMPANIONS,
+    TARGET_FILES,
+)
 from schemas import ArtifactInfo, GraphDocument, ReportDocument, SignatureDocument
 from worker.sandbox.settings import SandboxSettings
 
@@ -84,7 +92,7 @@ def take_outputs(
     program = produced / PROGRAM
     if into is not None:
         size = 0
-        for name in (PROGRAM, *TARGET_ARTIFACTS.values()):
+        for name in (PROGRAM, *TARGET_FILES):
             with contextlib.suppress(FileNotFoundError):
                 size += (produced / name).lstat().st_size
         if size > s.early_copy_bytes:
@@ -133,25 +141,28 @@ def take_outputs(
         return Accepted(report, {}, {}, into)
     if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
         raise Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
-    for target, name in TARGET_ARTIFACTS.items():
-        # Only the artifacts of targets the report says succeeded; each a regular file
-        # within the program's limit (an AOTInductor package is a zip archive too).
+    for target, artifact in TARGET_ARTIFACTS.items():
+        # Only the artifacts of targets the report says succeeded, and of the files a
+        # target may write beside its artifact only those its entry lists; each a
+        # regular file within the program's limit (an AOTInductor package is a zip too).
         result = report.targets.get(target)
         if result is None or result.status != "succeeded":
             continue
-        magic = ZIP_MAGIC if name.endswith(".pt2") else None
-        if into is None:
-            head = read_regular(produced / name, s.max_program_bytes, whole=False)
-            if head is None:
-                raise Untrusted(f"target {target} succeeded without {name}")
-            if magic is not None and not head.startswith(magic):
-                raise Untrusted(f"{name} is not a zip archive")
-            files[name] = produced / name
-        else:
-            copied = copy_regular(produced / name, into / name, s.max_program_bytes, magic)
-            if copied is None:
-                raise Untrusted(f"target {target} succeeded without {name}")
-            files[name], infos[name] = into / name, copied
+        listed = set(result.artifacts) & set(TARGET_COMPANIONS.get(target, ()))
+        for name in (artifact, *sorted(listed)):
+            magic = ZIP_MAGIC if name.endswith(".pt2") else None
+            if into is None:
+                head = read_regular(produced / name, s.max_program_bytes, whole=False)
+                if head is None:
+                    raise Untrusted(f"target {target} succeeded without {name}")
+                if magic is not None and not head.startswith(magic):
+                    raise Untrusted(f"{name} is not a zip archive")
+                files[name] = produced / name
+            else:
+                copied = copy_regular(produced / name, into / name, s.max_program_bytes, magic)
+                if copied is None:
+                    raise Untrusted(f"target {target} succeeded without {name}")
+                files[name], infos[name] = into / name, copied
     return Accepted(report, files, infos, into)
 
 

@@ -12,7 +12,8 @@ const ARTIFACT_HELP = {
   "graph.json": "nodes, shapes, source lines, op histogram",
   "signature.json": "inputs, outputs, ranges, the dynamic-shapes spec used",
   "report.json": "stages, tracing attempts, verification, decomposition, targets",
-  "model.onnx": "ONNX model, weights inside: onnxruntime.InferenceSession(path)",
+  "model.onnx": "ONNX model: onnxruntime.InferenceSession(path)",
+  "model.onnx.data": "the ONNX model's weights: keep beside model.onnx",
   "model.aoti.pt2": "AOTInductor package: torch._inductor.aoti_load_package(path)",
   "model.pte": "ExecuTorch program (XNNPACK): executorch.runtime",
 };
@@ -35,7 +36,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
     report?.verification ? verificationCard(report.verification) : null,
     targetsCard(job, report),
     report?.decomposition ? decompositionCard(report.decomposition) : null,
-    signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested) : null,
+    signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested, report?.inputs) : null,
     report?.warnings?.length ? warningsCard(report.warnings) : null,
   ];
   fill(root, ...sections.filter(Boolean));
@@ -220,8 +221,11 @@ function decompositionCard(d) {
     table(["op", "before", "after", ""], rows, { class: "decomposition" }));
 }
 
-function reexportCard(job, signature, navigate, suggested = null) {
-  const inputs = signature.inputs.filter((i) => i.kind === "user_input" && i.shape).map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype }));
+function reexportCard(job, signature, navigate, suggested = null, examples = []) {
+  // The sizes of the example inputs as loaded (report.inputs), not the program's symbolic ones: a dim shows 32, not its name.
+  const loaded = new Map((examples || []).filter((e) => e.shape).map((e) => [e.path, e.shape]));
+  const inputs = signature.inputs.filter((i) => i.kind === "user_input" && i.shape)
+    .map((i) => ({ name: i.name, shape: loaded.get(i.pytree_path) || i.shape, dtype: i.dtype }));
   if (!inputs.length) return null;
   // An export without dynamic shapes: the engine's suggestion (report.tracing.dynamic_shapes.suggested) pre-fills the editor.
   const initial = signature.dynamic_shapes || suggested || null;
