@@ -26,6 +26,7 @@ from engine import (
     diagnostics,
     documents,
     environment,
+    foreign_ops,
     inputs,
     loading,
     portability,
@@ -276,6 +277,9 @@ def _export(
                 raise verification_failed(checked, undecomposed_passed)
 
     with run.step("serializing", "torch.export.save"):
+        roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
+        if options.portable or roundtrip_wanted:
+            foreign_ops.check_ops(ep, loaded.source_map)  # before a save whose load would fail
         program = request.out_dir / PROGRAM
         try:
             torch.export.save(ep, program)
@@ -287,7 +291,6 @@ def _export(
                 details={"exception": type(exc).__name__},
             ) from exc
         artifacts[PROGRAM] = program
-        roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
         if roundtrip_wanted and roundtrip_prefetch is not None:
             roundtrip_prefetch(program)
         write_json(
