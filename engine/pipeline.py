@@ -28,6 +28,7 @@ from engine import (
     environment,
     foreign_ops,
     inputs,
+    library_adaptations,
     loading,
     portability,
     roundtrip,
@@ -208,6 +209,11 @@ def _export(
             run_reference(loaded)
         made = apply_portability(run, loaded)
         pristine = copy.deepcopy(loaded.module) if reference else loaded.module
+        # after the copy: verification compares against the model as the user gave it
+        traced_model = loaded.module
+        if isinstance(traced_model, portability.PortableModule):
+            traced_model = traced_model.original
+        run.warnings.extend(library_adaptations.adapt_for_export(traced_model))
 
     with run.step("tracing", "torch.export.export"):
         if options.dynamic_shapes is not None:
