@@ -417,6 +417,15 @@ Wall times are indicative: the machine may be shared with other work while the s
 """
 
 
+KEPT = "<!-- measured by hand, kept when the suite rewrites this file -->"
+"""What follows this line in docs/models.md is not the suite's: a run keeps it."""
+
+
+def _kept_tail() -> str:
+    text = DOC.read_text() if DOC.exists() else ""
+    return text[text.index(KEPT) :] if KEPT in text else ""
+
+
 def write_doc(rows: list[Row], sandbox: bool, command: str, broken: dict[str, str]) -> str:
     if broken:
         skipped = "Libraries that do not load here, so their models were not run: " + "; ".join(
@@ -439,7 +448,7 @@ def write_doc(rows: list[Row], sandbox: bool, command: str, broken: dict[str, st
         summary=summary(rows, sandbox),
         table=table(rows),
         failures=failures(rows),
-    )
+    ) + ("\n" + tail if (tail := _kept_tail()) else "")
 
 
 def _commit() -> str:

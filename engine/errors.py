@@ -16,6 +16,7 @@ ExportError                      (code, message, hint, stage, location, details,
 ├── DecompositionFailed          decomposition_failed
 ├── VerificationFailed           verification_failed
 ├── SerializationFailed          serialization_failed
+├── NonPortableOp                non_portable_op
 ├── OutOfMemory                  out_of_memory        (a MemoryError in any stage)
 ├── DiskQuotaExceeded            disk_quota_exceeded  (a file over RLIMIT_FSIZE: EFBIG)
 └── InternalError                internal_error — a bug of ours
@@ -129,6 +130,12 @@ class VerificationFailed(ExportError):
 
 class SerializationFailed(ExportError):
     code = "serialization_failed"
+
+
+class NonPortableOp(ExportError):
+    """The program calls operators that only a process importing their library knows."""
+
+    code = "non_portable_op"
 
 
 class TargetFailed(ExportError):

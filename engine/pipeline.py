@@ -26,7 +26,9 @@ from engine import (
     diagnostics,
     documents,
     environment,
+    foreign_ops,
     inputs,
+    library_adaptations,
     loading,
     portability,
     roundtrip,
@@ -210,6 +212,11 @@ def _export(
             run_reference(loaded)
         made = apply_portability(run, loaded)
         pristine = copy.deepcopy(loaded.module) if reference else loaded.module
+        # after the copy: verification compares against the model as the user gave it
+        traced_model = loaded.module
+        if isinstance(traced_model, portability.PortableModule):
+            traced_model = traced_model.original
+        run.warnings.extend(library_adaptations.adapt_for_export(traced_model))
 
     with run.step("tracing", "torch.export.export"):
         if options.dynamic_shapes is not None:
@@ -282,6 +289,9 @@ def _export(
                 raise verification_failed(checked, undecomposed_passed)
 
     with run.step("serializing", "torch.export.save"):
+        roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
+        if options.portable or roundtrip_wanted:
+            foreign_ops.check_ops(ep, loaded.source_map)  # before a save whose load would fail
         program = request.out_dir / PROGRAM
         try:
             torch.export.save(ep, program)
@@ -293,7 +303,6 @@ def _export(
                 details={"exception": type(exc).__name__},
             ) from exc
         artifacts[PROGRAM] = program
-        roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
         if roundtrip_wanted and roundtrip_prefetch is not None:
             roundtrip_prefetch(program)
         write_json(

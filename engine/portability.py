@@ -241,6 +241,12 @@ class PortableModule(torch.nn.Module):
         self.__dict__["_torchport_template"] = template
         self.training = original.training
 
+    @property
+    def original(self) -> torch.nn.Module:
+        """The model this wrapper calls."""
+        module: torch.nn.Module = self.__dict__["_torchport_original"]
+        return module
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Rebuild the model's input types, call it, flatten its output types."""
         template = self.__dict__["_torchport_template"]

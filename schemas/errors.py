@@ -38,6 +38,7 @@ ErrorCode = Literal[
     "target_failed",
     "expired",
     "storage_quota_exceeded",
+    "non_portable_op",
 ]
 """Stable codes: add, never rename."""
 

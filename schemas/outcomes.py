@@ -104,6 +104,15 @@ CATALOGUE: dict[str, Outcome] = {
         Outcome("verification_failed", None, "The exported program does not match eager."),
         Outcome("serialization_failed", None, "Saving or loading the program failed."),
         Outcome(
+            "non_portable_op",
+            None,
+            "The program calls operators a torch-only loader cannot resolve.",
+            "The operators are registered by a library (or the upload) at import, so "
+            "`torch.export.load` fails wherever that library is not imported. Write the "
+            "computation with torch operations, or give the operator a decomposition to ATen "
+            "(a CompositeImplicitAutograd kernel) so that decomposition removes it.",
+        ),
+        Outcome(
             "target_failed",
             None,
             "Converting the program to a deployment target failed.",

@@ -6,6 +6,11 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from engine.model import Upload
+from engine.pipeline import ExportRequest, ExportResult, run_export
+from schemas import ExportOptions
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
@@ -23,3 +28,14 @@ def import_model_file(name: str) -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def export_file(tmp_path: Path, model: str, options: dict[str, Any] | None = None) -> ExportResult:
+    """Run the whole pipeline on tests/models/<model> with `options`, in `tmp_path`."""
+    request = ExportRequest(
+        upload=Upload(model=MODELS / model),
+        options=ExportOptions.model_validate(options or {}),
+        out_dir=tmp_path / "out",
+        work_dir=tmp_path / "work",
+    )
+    return run_export(request)

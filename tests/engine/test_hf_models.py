@@ -13,21 +13,8 @@ import pytest
 import sympy
 import torch
 
-from engine.model import Upload
-from engine.pipeline import ExportRequest, ExportResult, run_export
-from schemas import ExportOptions
-
-MODELS = Path(__file__).parents[1] / "models"
-
-
-def export(tmp_path: Path, model: str, options: dict[str, Any] | None = None) -> ExportResult:
-    request = ExportRequest(
-        upload=Upload(model=MODELS / model),
-        options=ExportOptions.model_validate(options or {}),
-        out_dir=tmp_path / "out",
-        work_dir=tmp_path / "work",
-    )
-    return run_export(request)
+from engine.pipeline import ExportResult
+from tests.engine.model_files import export_file as export
 
 
 def _warning(result: ExportResult, code: str) -> Any:

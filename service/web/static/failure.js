@@ -27,6 +27,7 @@ const EXPLAIN = {
   decomposition_failed: "Lowering the program to core ATen ops failed.",
   verification_failed: "The exported program gives different results than your eager model.",
   serialization_failed: "Saving the program, or loading it back, failed.",
+  non_portable_op: "The program calls an operator that a library (or your code) registers when it is imported, so a process that has only torch cannot load it.",
   timeout: "The export took longer than its time limit.",
   out_of_memory: "The export used more memory than its limit.",
   target_failed: "The program exported, but converting it to a deployment target you asked for (ONNX, AOTInductor, ExecuTorch) or running that target against eager PyTorch failed, and `targets_required` makes that fail the job.",
