@@ -41,9 +41,15 @@ from engine.model_resolution import FunctionModule, model_like_names, resolve_mo
 from engine.source_map import SourceMap
 from engine.upload_import import import_entry
 from schemas import ExportOptions
-from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
+from schemas.limits import (
+    CHECKPOINT_ZIP_MAX_UNPACKED_BYTES,
+    ZIP_MAX_ENTRIES,
+    ZIP_MAX_UNPACKED_BYTES,
+)
+from schemas.model_zip import checkpoint_base, unpacked_files
 
 __all__ = [
+    "MAX_CHECKPOINT_ZIP_BYTES",
     "MAX_ZIP_BYTES",
     "MAX_ZIP_FILES",
     "STAGE",
@@ -66,10 +72,11 @@ STAGE = "loading"
 MAX_ZIP_FILES = ZIP_MAX_ENTRIES
 """Most entries a model zip may hold (the contract's, `schemas.limits`)."""
 MAX_ZIP_BYTES = ZIP_MAX_UNPACKED_BYTES
-"""Most bytes a model zip may unpack to (the contract's, `schemas.limits`)."""
+"""Most bytes a model zip of code may unpack to (the contract's, `schemas.limits`)."""
+MAX_CHECKPOINT_ZIP_BYTES = CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
+"""Most bytes a checkpoint zip may unpack to (the contract's, `schemas.limits`)."""
 
 _COPY_CHUNK = 1024 * 1024
-_IGNORED_ZIP_DIRS = frozenset({"__MACOSX"})
 
 
 def load(
@@ -113,7 +120,7 @@ def load(
     root = workdir / "src"
     root.mkdir(parents=True, exist_ok=True)
     source_map = SourceMap(root)
-    files, unpacked = place_files(upload.model, root)
+    files, unpacked = place_files(upload.model, root, options.entry)
     base = checkpoint.checkpoint_base(files, options.entry) if unpacked else None
     if base is not None:
         return checkpoint.load_checkpoint(
@@ -195,12 +202,13 @@ def check_requires(requires: list[str]) -> None:
 
 def place_source(model: Path, root: Path, entry: str | None) -> str:
     """Copy or unpack the uploaded model under `root`; return the entry's relative path."""
-    files, unpacked = place_files(model, root)
+    files, unpacked = place_files(model, root, entry)
     return choose_entry(files, entry) if unpacked else files[0]
 
 
-def place_files(model: Path, root: Path) -> tuple[list[str], bool]:
-    """Copy the uploaded source file under `root`, or unpack the uploaded zip there.
+def place_files(model: Path, root: Path, entry: str | None = None) -> tuple[list[str], bool]:
+    """Copy the uploaded source file under `root`, or unpack the uploaded zip there (a
+    checkpoint zip, as `entry` and its names say, within the checkpoint's bound).
 
     Returns:
         The relative paths of the files placed, and whether they came from a zip.
@@ -219,11 +227,16 @@ def place_files(model: Path, root: Path) -> tuple[list[str], bool]:
             stage=STAGE,
             details={"model": model.name, "exception": type(exc).__name__},
         ) from exc
-    return unpack_zip(model, root), True
+    return unpack_zip(model, root, entry=entry), True
 
 
 def unpack_zip(
-    archive: Path, dest: Path, *, max_files: int | None = None, max_bytes: int | None = None
+    archive: Path,
+    dest: Path,
+    *,
+    entry: str | None = None,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
 ) -> list[str]:
     """Unpack `archive` into `dest`, refusing anything that could leave `dest`.
 
@@ -231,22 +244,28 @@ def unpack_zip(
     drive paths (`outside_archive`), symlinks (`symlink`), device or pipe entries
     (`special_file`), more than `max_files` entries (`too_many_files`) or more than
     `max_bytes` unpacked (`too_large`, counted on the bytes actually written, so a
-    lying header does not help), and unreadable archives (`bad_zip`).
+    lying header does not help; details `limit`: `checkpoint` when the names make a
+    checkpoint, whose default bound is `MAX_CHECKPOINT_ZIP_BYTES`, else `model`), and
+    unreadable archives (`bad_zip`). Each member is copied in chunks of 1 MiB, so a
+    stored multi-GB safetensors file never sits in memory.
 
     Returns:
         The relative POSIX paths of the regular files unpacked, sorted.
     """
     max_files = MAX_ZIP_FILES if max_files is None else max_files
-    max_bytes = MAX_ZIP_BYTES if max_bytes is None else max_bytes
     dest_resolved = dest.resolve()
     try:
         with zipfile.ZipFile(archive) as zf:
             infos = [i for i in zf.infolist() if _zip_parts(i.filename)[:1] != ["__MACOSX"]]
             if len(infos) > max_files:
                 raise _zip_refused("too_many_files", files=len(infos), max_files=max_files)
+            names = unpacked_files(i.filename for i in infos)
+            limit = "checkpoint" if checkpoint_base(names, entry) is not None else "model"
+            if max_bytes is None:
+                max_bytes = MAX_CHECKPOINT_ZIP_BYTES if limit == "checkpoint" else MAX_ZIP_BYTES
             declared = sum(i.file_size for i in infos)
             if declared > max_bytes:
-                raise _zip_refused("too_large", bytes=declared, max_bytes=max_bytes)
+                raise _zip_refused("too_large", bytes=declared, max_bytes=max_bytes, limit=limit)
             written = 0
             files: list[str] = []
             for info in infos:
@@ -264,7 +283,9 @@ def unpack_zip(
                     while chunk := src.read(_COPY_CHUNK):
                         written += len(chunk)
                         if written > max_bytes:
-                            raise _zip_refused("too_large", bytes=written, max_bytes=max_bytes)
+                            raise _zip_refused(
+                                "too_large", bytes=written, max_bytes=max_bytes, limit=limit
+                            )
                         out.write(chunk)
                 files.append("/".join(parts))
     except InvalidRequest:

@@ -17,7 +17,13 @@ ZIP_MAX_ENTRIES = 10_000
 counted before the archive is parsed)."""
 
 ZIP_MAX_UNPACKED_BYTES = 256 * 1024 * 1024
-"""Most bytes a model zip may unpack to (weights travel separately)."""
+"""Most bytes a model zip of code may unpack to (weights travel separately)."""
+
+CHECKPOINT_ZIP_MAX_UNPACKED_BYTES = 4 * 1024 * 1024 * 1024
+"""Most bytes a checkpoint zip (`schemas.model_zip`) may unpack to: its weights travel
+inside it. As large as the default upload limit of a checkpoint zip, so a stored
+(uncompressed) zip the API takes always unpacks; and with the zip beside it and a program
+of the same size, it stays under a job's default disk quota (16 GiB)."""
 
 CALLBACK_URL_MAX_LENGTH = 2048
 """Longest `callback_url`, in characters (the form field may hold 4 UTF-8 bytes each)."""
@@ -28,6 +34,7 @@ CALLBACK_URL_PATTERN = r"^https?://[^\x00-\x1f\x7f]*$"
 __all__ = [
     "CALLBACK_URL_MAX_LENGTH",
     "CALLBACK_URL_PATTERN",
+    "CHECKPOINT_ZIP_MAX_UNPACKED_BYTES",
     "MAX_TIMEOUT_S",
     "ZIP_MAX_ENTRIES",
     "ZIP_MAX_UNPACKED_BYTES",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,18 +23,13 @@ from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from persistence.queue import queue_for
 from persistence.records import job_uploads, next_seq, record_spec
 from persistence.store import ArtifactStore
-from schemas import ExportOptions, JobSpec
+from schemas import JobSpec
 from schemas.job import TERMINAL_STATUSES, UPLOAD_ROLES
-from schemas.limits import ZIP_MAX_ENTRIES, ZIP_MAX_UNPACKED_BYTES
 from schemas.outcomes import canceled, validation_items
-from service import archives, quotas
+from service import quotas
 from service.auth import Caller
 from service.errors import Conflict, Expired, InvalidRequest, NotFound
 from service.uploads import UploadedForm
-
-MODEL_SUFFIXES = (".py", ".zip")
-INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
-WEIGHTS_SUFFIXES = (".safetensors", ".pt")
 
 UPLOAD_MEDIA_TYPES = {".py": "text/x-python", ".zip": "application/zip"}
 
@@ -111,92 +105,6 @@ def parse_job(form: UploadedForm) -> JobSpec:
             error["field"] = error["field"] or "callback_url"
         fields = ", ".join(e["field"] for e in errors)
         raise InvalidRequest(f"invalid options: {fields}", details={"errors": errors}) from exc
-
-
-def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> None:
-    upload = form.files.get(field)
-    if upload is not None and Path(upload.filename).suffix.lower() not in allowed:
-        raise InvalidRequest(
-            f"{field} must be one of {', '.join(allowed)}",
-            details={"field": field, "filename": upload.filename, "allowed": list(allowed)},
-        )
-
-
-def validate_uploads(form: UploadedForm, options: ExportOptions) -> None:
-    """Check what can be checked without running anything: types, encoding, zip limits.
-
-    Blocking (reads the files): endpoints call it from a worker thread.
-
-    Raises:
-        InvalidRequest: a wrong file type, non-UTF-8 source, a broken zip or a zip without
-            the entry file.
-    """
-    model = form.files["model"]
-    _check_suffix(form, "model", MODEL_SUFFIXES)
-    _check_suffix(form, "inputs", INPUTS_SUFFIXES)
-    _check_suffix(form, "weights", WEIGHTS_SUFFIXES)
-    if model.size == 0:
-        raise InvalidRequest("the `model` file is empty", details={"field": "model"})
-    if model.filename.lower().endswith(".py"):
-        try:
-            model.path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidRequest(
-                "model source must be UTF-8",
-                details={"field": "model", "reason": "not_utf8", "offset": exc.start},
-            ) from exc
-        return
-    _validate_zip(model.path, options.entry)
-
-
-def _validate_zip(path: Path, entry: str | None) -> None:
-    """The contract's zip limits (`schemas.limits`), the ones the engine unpacks with, so
-    a zip taken here is never refused for its size later."""
-    too_many = InvalidRequest(
-        "model zip unpacks to too much",
-        details={
-            "field": "model",
-            "reason": "zip_too_large",
-            "max_entries": ZIP_MAX_ENTRIES,
-            "max_unpacked_bytes": ZIP_MAX_UNPACKED_BYTES,
-        },
-    )
-    try:
-        # Counted from the end record before zipfile parses every entry (zip bombs of
-        # entries: 312k of them fit in 16 MiB and take seconds to parse).
-        if archives.count_entries(path, ZIP_MAX_ENTRIES) > ZIP_MAX_ENTRIES:
-            raise too_many
-        with zipfile.ZipFile(path) as archive:
-            members = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise InvalidRequest(
-            "model is not a readable zip", details={"field": "model", "reason": "bad_zip"}
-        ) from exc
-    if len(members) > ZIP_MAX_ENTRIES or sum(m.file_size for m in members) > ZIP_MAX_UNPACKED_BYTES:
-        raise too_many
-    names = {m.filename for m in members}
-    if any(name.startswith("/") or ".." in Path(name).parts for name in names):
-        raise InvalidRequest(
-            "model zip has paths outside itself", details={"field": "model", "reason": "zip_slip"}
-        )
-    if entry is None:
-        if not any(name.endswith(".py") or _is_config(name) for name in names):
-            raise InvalidRequest(
-                "model zip holds no .py file and no checkpoint config.json",
-                details={"field": "options.entry", "reason": "no_model"},
-            )
-    elif entry not in names:
-        raise InvalidRequest(
-            f"entry {entry!r} is not in the zip",
-            details={"field": "options.entry", "entry": entry},
-        )
-
-
-def _is_config(name: str) -> bool:
-    """A checkpoint's config.json at the zip's root or in one top folder (the engine then
-    builds the model from it: docs/contract.md §1, *Checkpoints*)."""
-    parts = archives.member_parts(name)
-    return parts[-1:] == ["config.json"] and len(parts) <= 2
 
 
 @dataclass

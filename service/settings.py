@@ -21,6 +21,14 @@ class ServiceSettings(CommonSettings):
     max_model_bytes: int = Field(default=16 * 2**20, gt=0, description="Limit of `model`.")
     max_inputs_bytes: int = Field(default=256 * 2**20, gt=0, description="Limit of `inputs`.")
     max_weights_bytes: int = Field(default=4 * 2**30, gt=0, description="Limit of `weights`.")
+    max_checkpoint_bytes: int = Field(
+        default=4 * 2**30,
+        gt=0,
+        description="Limit of `model` when it is a checkpoint zip (a `save_pretrained` "
+        "directory, its weights inside). A `.zip` model is received up to the larger of this "
+        "and `TORCHPORT_MAX_MODEL_BYTES`; one that is not a checkpoint is then held to "
+        "`TORCHPORT_MAX_MODEL_BYTES`.",
+    )
     max_options_bytes: int = Field(default=64 * 2**10, gt=0, description="Limit of `options`.")
     rate_limit_per_minute: int = Field(
         default=600,
@@ -124,3 +132,8 @@ class ServiceSettings(CommonSettings):
             "options": self.max_options_bytes,
             "callback_url": 4 * CALLBACK_URL_MAX_LENGTH,
         }
+
+    @property
+    def model_zip_limit(self) -> int:
+        """What a `.zip` model may stream in before it is known to be a checkpoint."""
+        return max(self.max_model_bytes, self.max_checkpoint_bytes)

@@ -1,7 +1,9 @@
 """Streaming multipart parsing of `POST /v1/exports`: files go to disk as they arrive.
 
-Each field has its own byte limit (`upload_too_large` names the field); nothing is read
-whole into memory except the small `options` field. Files are hashed while written.
+Each field has its own byte limit (`upload_too_large` names the field and, in `limit`, the
+limit that applied); a `.zip` model may have a larger one, for a checkpoint, which the
+caller narrows once it has read the zip's names. Nothing is read whole into memory except
+the small text fields. Files are hashed while written.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def safe_filename(name: str, default: str) -> str:
 class _FormCollector:
     """Callbacks of python-multipart's push parser, writing each part where it belongs."""
 
-    def __init__(self, limits: dict[str, int], directory: Path) -> None:
+    def __init__(self, limits: dict[str, int], directory: Path, model_zip_limit: int) -> None:
         self.limits = limits
+        self.model_zip_limit = model_zip_limit
         self.directory = directory
         self.form = UploadedForm()
         self.finished = False
@@ -67,6 +70,8 @@ class _FormCollector:
         self._headers: dict[bytes, bytes] = {}
         self._field: str | None = None
         self._filename: str | None = None
+        self._limit = 0
+        self._limit_name = ""
         self._file: IO[bytes] | None = None
         self._hash = hashlib.sha256()
         self._size = 0
@@ -123,19 +128,26 @@ class _FormCollector:
             raise InvalidRequest(f"form field {name!r} given twice", details={"field": name})
         self._seen.add(name)
         self._field = name
+        self._limit, self._limit_name = self.limits[name], name
         if name in FILE_FIELDS:
             self._filename = safe_filename(filename or name, default=name)
             self._file = (self.directory / name).open("wb")
+            is_zip = self._filename.lower().endswith(".zip")
+            if name == "model" and is_zip and self.model_zip_limit > self._limit:
+                self._limit, self._limit_name = self.model_zip_limit, "checkpoint"
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         assert self._field is not None
         chunk = data[start:end]
         self._size += len(chunk)
-        limit = self.limits[self._field]
-        if self._size > limit:
+        if self._size > self._limit:
             raise UploadTooLarge(
-                f"{self._field} is over its limit of {limit} bytes",
-                details={"field": self._field, "limit_bytes": limit},
+                f"{self._field} is over its limit of {self._limit} bytes",
+                details={
+                    "field": self._field,
+                    "limit_bytes": self._limit,
+                    "limit": self._limit_name,
+                },
             )
         if self._file is not None:
             self._file.write(chunk)
@@ -172,8 +184,13 @@ class _FormCollector:
             self._file.close()
 
 
-async def receive_form(request: Request, limits: dict[str, int], directory: Path) -> UploadedForm:
+async def receive_form(
+    request: Request, limits: dict[str, int], directory: Path, *, model_zip_limit: int = 0
+) -> UploadedForm:
     """Parse the multipart body of `request` into `directory`, enforcing per-field limits.
+
+    A `model` whose file name ends in `.zip` may stream up to `model_zip_limit` where that
+    is larger than its field's limit (a checkpoint; `details.limit` is then `checkpoint`).
 
     Raises:
         InvalidRequest: not multipart, malformed, truncated, unknown or repeated fields.
@@ -186,13 +203,14 @@ async def receive_form(request: Request, limits: dict[str, int], directory: Path
             details={"content_type": request.headers.get("content-type")},
         )
     total_limit = sum(limits.values()) + MULTIPART_OVERHEAD
+    total_limit += max(0, model_zip_limit - limits["model"])
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > total_limit:
         raise UploadTooLarge(
             f"the request body is over the limit of {total_limit} bytes",
-            details={"field": None, "limit_bytes": total_limit},
+            details={"field": None, "limit_bytes": total_limit, "limit": "request"},
         )
-    collector = _FormCollector(limits, directory)
+    collector = _FormCollector(limits, directory, model_zip_limit)
     parser = MultipartParser(params[b"boundary"], collector.callbacks())  # type: ignore[arg-type]
     received = 0
     try:
@@ -201,7 +219,7 @@ async def receive_form(request: Request, limits: dict[str, int], directory: Path
             if received > total_limit:
                 raise UploadTooLarge(
                     f"the request body is over the limit of {total_limit} bytes",
-                    details={"field": None, "limit_bytes": total_limit},
+                    details={"field": None, "limit_bytes": total_limit, "limit": "request"},
                 )
             parser.write(chunk)
         parser.finalize()

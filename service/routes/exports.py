@@ -27,7 +27,7 @@ from persistence.queue import enqueue_export, enqueue_webhook, queue_for
 from schemas import JobPublic, JobSpec, JobStatus, JobSummary
 from schemas.job import TERMINAL_STATUSES
 from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
-from service import archives, jobs, listing
+from service import archives, jobs, listing, upload_checks
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
     Conflict,
@@ -70,7 +70,8 @@ UPLOAD_BODY: dict[str, Any] = {
                     "model": {
                         "type": "string",
                         "format": "binary",
-                        "description": "A .py file or a .zip of a package.",
+                        "description": "A .py file, a .zip of a package, or a .zip of a "
+                        "save_pretrained checkpoint (config.json and its weights).",
                     },
                     "inputs": {
                         "type": "string",
@@ -168,10 +169,16 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
     tmp_root.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(dir=tmp_root, prefix="upload-"))
     try:
-        form = await receive_form(request, state.settings.upload_limits, directory)
+        settings = state.settings
+        form = await receive_form(
+            request, settings.upload_limits, directory, model_zip_limit=settings.model_zip_limit
+        )
         spec = jobs.parse_job(form)
         # Reads the files (a zip's directory): off the event loop.
-        await run_in_threadpool(jobs.validate_uploads, form, spec.options)
+        check = functools.partial(
+            upload_checks.validate_uploads, max_model_bytes=settings.max_model_bytes
+        )
+        await run_in_threadpool(check, form, spec.options)
         public, enqueue = await run_in_threadpool(_submit_in_db, state, form, spec, caller)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -61,6 +61,22 @@ def test_the_index_carries_the_upload_limits() -> None:
     }
 
 
+def test_the_index_carries_the_checkpoint_tasks(tmp_path: Path) -> None:
+    from typing import get_args
+
+    from schemas.options import TaskName
+
+    page = render_index(None)
+    meta = re.search(r'name="torchport-tasks" content="([^"]*)"', page)
+    assert meta is not None
+    assert json.loads(html.unescape(meta.group(1))) == list(get_args(TaskName))
+    settings = ServiceSettings(data_dir=tmp_path, max_checkpoint_bytes=98765)
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as client:
+        limits = re.search(r'name="torchport-limits" content="([^"]*)"', client.get("/").text)
+        assert limits is not None
+        assert json.loads(html.unescape(limits.group(1)))["checkpoint"] == 98765
+
+
 def test_the_pages_are_served_beside_the_api(tmp_path: Path) -> None:
     settings = ServiceSettings(data_dir=tmp_path, max_model_bytes=4321)
     with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as client:

@@ -608,6 +608,7 @@ def test_zip_bomb_refused_before_unpacking(tmp_path: Path) -> None:
         "reason": "too_large",
         "bytes": 4 * 1024 * 1024,
         "max_bytes": 1024 * 1024,
+        "limit": "model",
     }
     assert not (tmp_path / "out" / "model.py").exists()
 

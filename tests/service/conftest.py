@@ -101,20 +101,25 @@ def model_file(name: str = "service_small.py") -> tuple[str, bytes]:
     return name, (MODELS / name).read_bytes()
 
 
-@pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[TestClient]:
-    """The API as `torchport serve` runs it: SQLite and the folder broker."""
-    data_dir = tmp_path / "embedded"
+def embedded_client(data_dir: Path, **overrides: object) -> Iterator[TestClient]:
+    """The API as `torchport serve` runs it under `data_dir`, with settings overrides."""
     settings = ServiceSettings(
         data_dir=data_dir,
         database_url=f"sqlite:///{data_dir / 'torchport.db'}",
         broker_url="filesystem://",
         reaper_interval_s=3600.0,
+        **overrides,  # type: ignore[arg-type]
     )
     state = build_state(settings)
     with TestClient(create_app(state=state), client=LOOPBACK_CLIENT) as test_client:
         yield test_client
     state.engine.dispose()
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[TestClient]:
+    """The API as `torchport serve` runs it: SQLite and the folder broker."""
+    yield from embedded_client(tmp_path / "embedded")
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

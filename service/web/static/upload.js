@@ -3,6 +3,7 @@ import { h, fill, card, formatBytes } from "./dom.js";
 import { submitExport, ApiError } from "./api.js";
 import { checkDynamicShapes, dimensionEditor } from "./dynamic_shapes.js";
 import { uploads, rememberSource } from "./session.js";
+import { checkpointFiles, isCheckpoint, storedZip, zipNames } from "./checkpoint_zip.js";
 
 /** The deployment targets the form offers, in the order the engine converts them. */
 export const TARGETS = [
@@ -20,18 +21,28 @@ const AOTI_ISAS = [
 ];
 
 const KINDS = {
-  model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, or a .zip of a package." },
+  model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, a .zip of a package, or a Hugging Face checkpoint: its save_pretrained folder (choose it below) or a .zip of it." },
   inputs: { label: "Example inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional; replaces `example_args`. .safetensors (args.0, kwargs.mask…), .pt or a .json spec." },
   weights: { label: "Weights", accept: [".safetensors", ".pt"], help: "Optional state dict, loaded with strict=True before export." },
 };
 
-function limits() {
-  const meta = document.querySelector('meta[name="torchport-limits"]');
+function meta(name) {
+  const element = document.querySelector(`meta[name="${name}"]`);
   try {
-    return JSON.parse(meta?.content || "{}");
+    return JSON.parse(element?.content || "null");
   } catch {
-    return {};
+    return null;
   }
+}
+
+function limits() {
+  return meta("torchport-limits") || {};
+}
+
+/** A file's limit: a checkpoint zip has its own (weights inside), as the server applies it. */
+function limitOf(kind, zone) {
+  const max = limits();
+  return kind === "model" && zone.checkpoint && max.checkpoint ? max.checkpoint : max[kind];
 }
 
 function extensionOf(name) {
@@ -60,6 +71,28 @@ export function renderUpload(root, navigate) {
 
   const entry = h("input", { type: "text", name: "entry", placeholder: "pkg/net.py", value: options.entry || "" });
   const entryRow = h("label", { class: "field", hidden: true }, "Entry file inside the zip", entry);
+  const tasks = meta("torchport-tasks") || [];
+  const task = select("task", [["", "infer from the checkpoint"], ...tasks.map((t) => [t, t])], options.task || "");
+  task.id = "task";
+  const taskRow = h("label", { class: "field", id: "task-row", hidden: true }, "Task (what the checkpoint is exported for)", task);
+  const folder = h("input", { type: "file", webkitdirectory: true, hidden: true, "data-testid": "folder-model" });
+  const folderStatus = h("span", { class: "muted small", id: "folder-status" });
+  const folderButton = h("button", { type: "button", class: "small", id: "choose-folder" }, "Choose a checkpoint folder…");
+  folderButton.addEventListener("click", () => folder.click());
+  folder.addEventListener("change", async () => {
+    const chosen = [...folder.files];
+    if (!chosen.length) return;
+    const name = (chosen[0].webkitRelativePath || "checkpoint").split("/", 1)[0];
+    fill(folderStatus, `zipping ${name}…`);
+    try {
+      const picked = await checkpointFiles(chosen);
+      zones.model.setFile(await storedZip(`${name}.zip`, name, picked));
+      fill(folderStatus, `${name}: ${picked.map((f) => f.name).join(", ")}`);
+    } catch (error) {
+      fill(folderStatus, h("span", { class: "error-line", "data-code": "upload_too_large" }, `${name}: ${error.message}`));
+    }
+  });
+  const folderRow = h("div", { class: "field" }, folderButton, folder, folderStatus);
   const symbol = h("input", { type: "text", name: "symbol", value: options.symbol || "model" });
   const requires = h("textarea", { name: "requires", rows: 2, spellcheck: "false", placeholder: "transformers>=4.40" });
   requires.value = (options.requires || []).join("\n");
@@ -127,7 +160,8 @@ export function renderUpload(root, navigate) {
 
   function refresh() {
     const isZip = files.model && extensionOf(files.model.name) === ".zip";
-    entryRow.hidden = !isZip;
+    entryRow.hidden = !isZip || zones.model.checkpoint;
+    taskRow.hidden = !isZip || !zones.model.checkpoint;
     decomposeRow.hidden = mode.value !== "custom";
     preserveRow.hidden = mode.value === "none";
     verifyFields.hidden = !verify.checked;
@@ -142,6 +176,8 @@ export function renderUpload(root, navigate) {
   verify.addEventListener("change", refresh);
   for (const [, , box] of targetBoxes) box.addEventListener("change", refresh);
   refresh();
+  // A model brought back by "Export again" is looked into as a chosen one is.
+  if (files.model) zones.model.setFile(files.model);
 
   const submit = h("button", { type: "submit", class: "primary", id: "submit" }, "Export");
   const form = h("form", { id: "upload-form", novalidate: true },
@@ -149,7 +185,7 @@ export function renderUpload(root, navigate) {
       h("h1", {}, "Export a PyTorch model"),
       h("p", {}, "Drop your model file; torchport runs ", h("code", {}, "torch.export"), " on it in a sandbox, checks the result against eager PyTorch and gives you the ",
         h("code", {}, ".pt2"), " program with its graph. Nothing here is sent anywhere but this server.")),
-    card("Files", h("div", { class: "zones" }, zones.model, zones.inputs, zones.weights), entryRow,
+    card("Files", h("div", { class: "zones" }, zones.model, zones.inputs, zones.weights), folderRow, entryRow, taskRow,
       h("details", {}, h("summary", {}, "Module attribute"), h("label", { class: "field" }, "Name of the model in the file", symbol))),
     card("Options",
       h("div", { class: "grid" },
@@ -207,6 +243,7 @@ export function renderUpload(root, navigate) {
     const body = {};
     if (symbol.value.trim() && symbol.value.trim() !== "model") body.symbol = symbol.value.trim();
     if (!entryRow.hidden && entry.value.trim()) body.entry = entry.value.trim();
+    if (!taskRow.hidden && task.value) body.task = task.value;
     if (strict.value !== "false") body.strict = strict.value === "auto" ? "auto" : true;
     const lines = (area) => area.value.split(/[\n,]/).map((s) => s.trim()).filter(Boolean);
     const decomposition = { mode: mode.value };
@@ -239,7 +276,6 @@ export function renderUpload(root, navigate) {
 
   function validate() {
     const problems = [];
-    const max = limits();
     if (!files.model) problems.push({ field: "model", code: "invalid_request", message: "Choose a model file (.py or .zip)." });
     for (const [kind, spec] of Object.entries(KINDS)) {
       const file = files[kind];
@@ -247,8 +283,9 @@ export function renderUpload(root, navigate) {
       if (!spec.accept.includes(extensionOf(file.name))) {
         problems.push({ field: kind, code: "invalid_request", message: `${spec.label}: ${file.name} is not ${spec.accept.join(", ")}.` });
       }
-      if (max[kind] && file.size > max[kind]) {
-        problems.push({ field: kind, code: "upload_too_large", message: `${spec.label}: ${file.name} is ${formatBytes(file.size)}, over this server's limit of ${formatBytes(max[kind])}.` });
+      const max = limitOf(kind, zones[kind]);
+      if (max && file.size > max) {
+        problems.push({ field: kind, code: "upload_too_large", message: `${spec.label}: ${file.name} is ${formatBytes(file.size)}, over this server's limit of ${formatBytes(max)}.` });
       }
       if (file.size === 0) problems.push({ field: kind, code: "invalid_request", message: `${spec.label}: ${file.name} is empty.` });
     }
@@ -297,10 +334,16 @@ function dropZone(kind, files, onChange) {
     h("span", { class: "muted" }, `Drop ${spec.accept.join(" / ")} here or click to choose`),
     h("span", { class: "help" }, spec.help), chosen, input);
   zone.jsonError = null;
+  zone.checkpoint = false;
 
   zone.setFile = async (file) => {
     files[kind] = file;
     zone.jsonError = null;
+    zone.checkpoint = false;
+    if (file && kind === "model" && extensionOf(file.name) === ".zip") {
+      const names = await zipNames(file).catch(() => null);
+      zone.checkpoint = names !== null && isCheckpoint(names);
+    }
     if (file && extensionOf(file.name) === ".json" && file.size < 5 * 2 ** 20) {
       try {
         JSON.parse(await file.text());
@@ -319,7 +362,7 @@ function dropZone(kind, files, onChange) {
       return;
     }
     const wrongType = !spec.accept.includes(extensionOf(file.name));
-    const max = limits()[kind];
+    const max = limitOf(kind, zone);
     const problem = wrongType ? `not ${spec.accept.join(", ")}` : max && file.size > max ? `over the ${formatBytes(max)} limit` : zone.jsonError ? `invalid JSON: ${zone.jsonError}` : null;
     const remove = h("button", { type: "button", class: "small", "aria-label": `remove ${kind}` }, "✕");
     remove.addEventListener("click", (event) => {

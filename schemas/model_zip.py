@@ -1,0 +1,63 @@
+"""What a model zip holds, decided from its member names alone: code or a checkpoint.
+
+A checkpoint (docs/contract.md §1, *Checkpoints*) is a zip without the `entry` option
+whose base level (its root, or the one folder it holds) has a `config.json` and no
+`model.py`. The API decides it from the zip's directory before anything runs, to pick the
+size limits a checkpoint gets; the engine decides it from the same names before it
+unpacks, and again on the files unpacked. One rule, written once, here: plain Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+CONFIG = "config.json"
+IGNORED_TOP_FOLDERS = frozenset({"__MACOSX"})
+"""Folders a zip's unpacked files never include (macOS's resource forks)."""
+
+__all__ = [
+    "CONFIG",
+    "IGNORED_TOP_FOLDERS",
+    "base_level",
+    "checkpoint_base",
+    "member_parts",
+    "unpacked_files",
+]
+
+
+def member_parts(name: str) -> list[str]:
+    """The path of a zip entry as the engine unpacks it: `/` or `\\` separated, without
+    empty and `.` parts (so `./pkg/net.py` is `pkg/net.py`)."""
+    return [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
+
+
+def unpacked_files(names: Iterable[str]) -> list[str]:
+    """The relative paths of the regular files a zip of these member names unpacks to,
+    sorted: directories (names ending in `/`) and `__MACOSX/` left out."""
+    files = set()
+    for name in names:
+        parts = member_parts(name)
+        if not parts or name.endswith("/") or parts[0] in IGNORED_TOP_FOLDERS:
+            continue
+        files.add("/".join(parts))
+    return sorted(files)
+
+
+def base_level(files: list[str]) -> str:
+    """The folder a zip's content is looked for in: "" for the root, or `"top/"` when
+    every file lies in one top folder."""
+    tops = {f.split("/", 1)[0] for f in files}
+    if len(tops) == 1 and files and all("/" in f for f in files):
+        return next(iter(tops)) + "/"
+    return ""
+
+
+def checkpoint_base(files: list[str], entry: str | None) -> str | None:
+    """The checkpoint's folder among a zip's unpacked `files` ("" or `"top/"`), or None
+    when they are model code (or `entry` names an entry file)."""
+    if entry is not None:
+        return None
+    base = base_level(files)
+    if f"{base}{CONFIG}" in files and f"{base}model.py" not in files:
+        return base
+    return None

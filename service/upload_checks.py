@@ -1,0 +1,130 @@
+"""Checks of an upload that need no code run: file types, UTF-8 source, a zip's limits.
+
+A model zip is a checkpoint or code by the contract's rule (`schemas.model_zip`), read off
+its directory; each gets its own size limits (docs/contract.md §1), the same numbers the
+engine unpacks with.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from schemas import ExportOptions, model_zip
+from schemas.limits import (
+    CHECKPOINT_ZIP_MAX_UNPACKED_BYTES,
+    ZIP_MAX_ENTRIES,
+    ZIP_MAX_UNPACKED_BYTES,
+)
+from service import archives
+from service.errors import InvalidRequest, UploadTooLarge
+from service.uploads import UploadedForm
+
+__all__ = ["INPUTS_SUFFIXES", "MODEL_SUFFIXES", "WEIGHTS_SUFFIXES", "validate_uploads"]
+
+MODEL_SUFFIXES = (".py", ".zip")
+INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
+WEIGHTS_SUFFIXES = (".safetensors", ".pt")
+
+
+def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> None:
+    upload = form.files.get(field)
+    if upload is not None and Path(upload.filename).suffix.lower() not in allowed:
+        raise InvalidRequest(
+            f"{field} must be one of {', '.join(allowed)}",
+            details={"field": field, "filename": upload.filename, "allowed": list(allowed)},
+        )
+
+
+def validate_uploads(form: UploadedForm, options: ExportOptions, *, max_model_bytes: int) -> None:
+    """Check what can be checked without running anything: types, encoding, zip limits.
+
+    A checkpoint zip (`schemas.model_zip`) was received against the larger checkpoint
+    limit; any other model is held to `max_model_bytes` here.
+
+    Blocking (reads the files): endpoints call it from a worker thread.
+
+    Raises:
+        InvalidRequest: a wrong file type, non-UTF-8 source, a broken zip or a zip without
+            the entry file.
+        UploadTooLarge: a model that is not a checkpoint over `max_model_bytes`
+            (`details.limit` = `model`).
+    """
+    model = form.files["model"]
+    _check_suffix(form, "model", MODEL_SUFFIXES)
+    _check_suffix(form, "inputs", INPUTS_SUFFIXES)
+    _check_suffix(form, "weights", WEIGHTS_SUFFIXES)
+    if model.size == 0:
+        raise InvalidRequest("the `model` file is empty", details={"field": "model"})
+    if model.filename.lower().endswith(".py"):
+        _check_model_size(model.size, max_model_bytes)
+        try:
+            model.path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(
+                "model source must be UTF-8",
+                details={"field": "model", "reason": "not_utf8", "offset": exc.start},
+            ) from exc
+        return
+    _validate_zip(model.path, model.size, options.entry, max_model_bytes)
+
+
+def _check_model_size(size: int, max_model_bytes: int) -> None:
+    if size > max_model_bytes:
+        raise UploadTooLarge(
+            f"model is over its limit of {max_model_bytes} bytes (it is not a checkpoint zip)",
+            details={"field": "model", "limit_bytes": max_model_bytes, "limit": "model"},
+        )
+
+
+def _validate_zip(path: Path, size: int, entry: str | None, max_model_bytes: int) -> None:
+    """The contract's zip limits (`schemas.limits`), the ones the engine unpacks with, so
+    a zip taken here is never refused for its size later: a checkpoint's, or code's."""
+    try:
+        # Counted from the end record before zipfile parses every entry (zip bombs of
+        # entries: 312k of them fit in 16 MiB and take seconds to parse).
+        if archives.count_entries(path, ZIP_MAX_ENTRIES) > ZIP_MAX_ENTRIES:
+            raise _zip_too_large(ZIP_MAX_UNPACKED_BYTES, "model")
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise InvalidRequest(
+            "model is not a readable zip", details={"field": "model", "reason": "bad_zip"}
+        ) from exc
+    files = model_zip.unpacked_files(m.filename for m in members)
+    if model_zip.checkpoint_base(files, entry) is not None:
+        max_unpacked, limit = CHECKPOINT_ZIP_MAX_UNPACKED_BYTES, "checkpoint"
+    else:
+        _check_model_size(size, max_model_bytes)
+        max_unpacked, limit = ZIP_MAX_UNPACKED_BYTES, "model"
+    if len(members) > ZIP_MAX_ENTRIES or sum(m.file_size for m in members) > max_unpacked:
+        raise _zip_too_large(max_unpacked, limit)
+    names = {m.filename for m in members}
+    if any(name.startswith("/") or ".." in Path(name).parts for name in names):
+        raise InvalidRequest(
+            "model zip has paths outside itself", details={"field": "model", "reason": "zip_slip"}
+        )
+    if entry is None:
+        if limit == "model" and not any(name.endswith(".py") for name in names):
+            raise InvalidRequest(
+                "model zip holds no .py file and no checkpoint config.json",
+                details={"field": "options.entry", "reason": "no_model"},
+            )
+    elif entry not in names:
+        raise InvalidRequest(
+            f"entry {entry!r} is not in the zip",
+            details={"field": "options.entry", "entry": entry},
+        )
+
+
+def _zip_too_large(max_unpacked: int, limit: str) -> InvalidRequest:
+    return InvalidRequest(
+        "model zip unpacks to too much",
+        details={
+            "field": "model",
+            "reason": "zip_too_large",
+            "max_entries": ZIP_MAX_ENTRIES,
+            "max_unpacked_bytes": max_unpacked,
+            "limit": limit,
+        },
+    )

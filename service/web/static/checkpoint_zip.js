@@ -1,0 +1,138 @@
+// Checkpoint zips in the browser: whether a chosen zip is a `save_pretrained` checkpoint
+// (the contract's rule, schemas/model_zip.py, read off the zip's central directory), and a
+// zip of a chosen folder, built with the "store" method (weights do not compress) as a Blob
+// of the files themselves, so a multi-GB folder is never copied into memory.
+
+const CHECKPOINT_FILE = /^(config\.json|generation_config\.json|.+\.safetensors|model\.safetensors\.index\.json)$/;
+const BIN_FILE = /^(pytorch_model.*\.bin|pytorch_model\.bin\.index\.json)$/;
+const MAX_ZIP32 = 0xffffffff;
+
+function memberParts(name) {
+  return name.replaceAll("\\", "/").split("/").filter((part) => part !== "" && part !== ".");
+}
+
+/** The files a zip of these member names unpacks to, as the engine names them. */
+function unpackedFiles(names) {
+  const files = new Set();
+  for (const name of names) {
+    const parts = memberParts(name);
+    if (!parts.length || name.endsWith("/") || parts[0] === "__MACOSX") continue;
+    files.add(parts.join("/"));
+  }
+  return [...files].sort();
+}
+
+/** Whether a zip of these member names is a checkpoint: its base level (the root, or the
+ * one folder it holds) has a config.json and no model.py. */
+export function isCheckpoint(names) {
+  const files = unpackedFiles(names);
+  const tops = new Set(files.map((f) => f.split("/", 1)[0]));
+  const base = tops.size === 1 && files.length && files.every((f) => f.includes("/")) ? `${[...tops][0]}/` : "";
+  return files.includes(`${base}config.json`) && !files.includes(`${base}model.py`);
+}
+
+/** The member names of a zip file, read from its central directory (null when it is not
+ * a zip this reader understands; the server then decides). */
+export async function zipNames(file) {
+  const tailSize = Math.min(file.size, 22 + 65535);
+  const tail = new DataView(await file.slice(file.size - tailSize).arrayBuffer());
+  let end = -1;
+  for (let i = tailSize - 22; i >= 0; i--) {
+    if (tail.getUint32(i, true) === 0x06054b50) {
+      end = i;
+      break;
+    }
+  }
+  if (end < 0) return null;
+  const count = tail.getUint16(end + 10, true);
+  const size = tail.getUint32(end + 12, true);
+  const offset = tail.getUint32(end + 16, true);
+  if (count === 0xffff || offset === MAX_ZIP32 || offset + size > file.size) return null; // zip64
+  const directory = new DataView(await file.slice(offset, offset + size).arrayBuffer());
+  const decoder = new TextDecoder();
+  const names = [];
+  let at = 0;
+  for (let n = 0; n < count; n++) {
+    if (at + 46 > size || directory.getUint32(at, true) !== 0x02014b50) return null;
+    const nameLength = directory.getUint16(at + 28, true);
+    const extra = directory.getUint16(at + 30, true);
+    const comment = directory.getUint16(at + 32, true);
+    names.push(decoder.decode(new Uint8Array(directory.buffer, directory.byteOffset + at + 46, nameLength)));
+    at += 46 + nameLength + extra + comment;
+  }
+  return names;
+}
+
+/** The files of a chosen folder (`webkitdirectory`) a checkpoint needs, as `torchport
+ * submit DIR` picks them: config, generation config, safetensors and their index (the .bin
+ * weights only without safetensors; the top-level .py files only with `auto_map`). */
+export async function checkpointFiles(fileList) {
+  const top = [...fileList].filter((f) => (f.webkitRelativePath || f.name).split("/").length <= 2);
+  const named = (re) => top.filter((f) => re.test(f.name));
+  let files = named(CHECKPOINT_FILE);
+  if (!files.some((f) => f.name.endsWith(".safetensors"))) files = files.concat(named(BIN_FILE));
+  const config = top.find((f) => f.name === "config.json");
+  if (config) {
+    try {
+      if (JSON.parse(await config.text()).auto_map) files = files.concat(named(/\.py$/));
+    } catch {
+      // An unreadable config.json travels as it is; the engine says what is wrong with it.
+    }
+  }
+  return files;
+}
+
+const CRC_TABLE = (() => {
+  const table = new Uint32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    table[n] = c >>> 0;
+  }
+  return table;
+})();
+
+async function crc32(file) {
+  let crc = 0xffffffff;
+  const reader = file.stream().getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    for (let i = 0; i < value.length; i++) crc = CRC_TABLE[(crc ^ value[i]) & 0xff] ^ (crc >>> 8);
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
+function header(size, fields) {
+  const view = new DataView(new ArrayBuffer(size));
+  let at = 0;
+  for (const [bytes, value] of fields) {
+    if (bytes === 4) view.setUint32(at, value, true);
+    else view.setUint16(at, value, true);
+    at += bytes;
+  }
+  return new Uint8Array(view.buffer);
+}
+
+/** A zip File named `name` holding `files` under `folder/`, stored (not compressed).
+ * Refuses (throws RangeError) what would need zip64: over 4 GiB, which no server's
+ * default limit admits either. */
+export async function storedZip(name, folder, files) {
+  const encoder = new TextEncoder();
+  const parts = [];
+  const central = [];
+  let offset = 0;
+  for (const file of files) {
+    const path = encoder.encode(`${folder}/${file.name}`);
+    const crc = await crc32(file);
+    const common = [[2, 20], [2, 0x0800], [2, 0], [2, 0], [2, 0x21], [4, crc], [4, file.size], [4, file.size], [2, path.length], [2, 0]];
+    const local = header(30, [[4, 0x04034b50], ...common]);
+    if (offset + local.length + path.length + file.size > MAX_ZIP32) throw new RangeError("the folder is over 4 GiB");
+    central.push(header(46, [[4, 0x02014b50], [2, 0x0314], ...common, [2, 0], [2, 0], [2, 0], [4, 0o100644 << 16], [4, offset]]), path);
+    parts.push(local, path, file);
+    offset += local.length + path.length + file.size;
+  }
+  const centralSize = central.reduce((sum, part) => sum + part.length, 0);
+  const end = header(22, [[4, 0x06054b50], [2, 0], [2, 0], [2, files.length], [2, files.length], [4, centralSize], [4, offset], [2, 0]]);
+  return new File([...parts, ...central, end], name, { type: "application/zip" });
+}

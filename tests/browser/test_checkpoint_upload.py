@@ -1,0 +1,88 @@
+"""The upload form with a Hugging Face checkpoint: a checkpoint zip, or a chosen
+`save_pretrained` folder zipped by the page (stored, in plain JS), with the `task` select;
+the job starts on the real server and its options carry the task."""
+
+from __future__ import annotations
+
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import Server
+from tests.browser.test_pages import job_id_of
+
+pytestmark = pytest.mark.slow
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BertForMaskedLM, saved as `save_pretrained` writes it, plus a tokenizer file
+    the folder upload leaves behind."""
+    import torch
+
+    directory = tmp_path_factory.mktemp("checkpoint") / "tiny-bert"
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    transformers.BertForMaskedLM(config).save_pretrained(directory)
+    (directory / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    return directory
+
+
+def finished(server: Server, job_id: str, timeout_s: float = 300) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = server.api(f"v1/exports/{job_id}")
+        if job["status"] in ("succeeded", "failed", "canceled"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
+
+
+def test_a_checkpoint_zip_with_a_task_starts_a_job(page: Any, server: Server, bert: Path) -> None:
+    archive = bert.parent / "tiny-bert.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(bert.iterdir()):
+            zf.write(path, f"tiny-bert/{path.name}")
+    page.goto("/")
+    page.set_input_files("[data-testid=file-model]", str(archive))
+    page.wait_for_selector("#task-row:not([hidden])")
+    assert page.is_hidden("input[name=entry]")
+    tasks = page.locator("#task option").evaluate_all("options => options.map(o => o.value)")
+    assert tasks[0] == "" and "fill-mask" in tasks and "text-generation" in tasks
+    page.select_option("#task", "fill-mask")
+    page.click("#submit")
+    job_id = job_id_of(page)
+    page.wait_for_selector("[data-stage=loading]:not([data-state=pending])", timeout=120_000)
+    job = server.api(f"v1/exports/{job_id}")
+    assert job["options"]["task"] == "fill-mask"
+    assert job["options"]["entry"] is None
+    assert job["model_name"] == "tiny-bert.zip"
+
+
+def test_a_chosen_folder_is_zipped_and_exports(page: Any, server: Server, bert: Path) -> None:
+    page.goto("/")
+    page.set_input_files("[data-testid=folder-model]", str(bert))
+    page.wait_for_selector("#task-row:not([hidden])")
+    sent = page.text_content("#folder-status") or ""
+    assert "model.safetensors" in sent and "vocab.txt" not in sent
+    page.select_option("#task", "feature-extraction")
+    page.click("#submit")
+    job = finished(server, job_id_of(page))
+    assert job["status"] == "succeeded", job["error"]
+    assert job["model_name"] == "tiny-bert.zip"
+    assert job["options"]["task"] == "feature-extraction"
+    report = server.api(f"v1/exports/{job['id']}/artifacts/report.json")
+    assert report["checkpoint"]["task"] == "feature-extraction"
+    assert report["checkpoint"]["weights_files"] == ["model.safetensors"]
