@@ -48,6 +48,7 @@ from engine.pipeline_steps import (
     convert_targets,
     draft_section,
     keep_ops_until_verified,
+    partial_verification_warning,
     plain_options,
     run_reference,
     suggest_dynamic_shapes,
@@ -287,6 +288,9 @@ def _export(
             run.sections["verification"] = checked
             if checked.passed is False:
                 raise verification_failed(checked, undecomposed_passed)
+            partial = partial_verification_warning(checked)
+            if partial is not None:
+                run.warnings.append(partial)
 
     with run.step("serializing", "torch.export.save"):
         roundtrip_wanted = options.verify.enabled and options.verify.roundtrip

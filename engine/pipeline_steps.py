@@ -4,8 +4,9 @@ What `_export` calls beside the stages themselves: making inputs and outputs por
 (`apply_portability`), the deferred eager reference run (`run_reference`), the dynamic-
 shapes suggestion and the draft-export issues for the report, keeping ops undecomposed
 until verification passes (`keep_ops_until_verified`) and the `verification_failed`
-error, the save → load round trip (`check_roundtrip`), the deployment targets
-(`convert_targets`) and writing the JSON documents.
+error, the `partially_verified` warning (`partial_verification_warning`), the save →
+load round trip (`check_roundtrip`), the deployment targets (`convert_targets`) and
+writing the JSON documents.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from engine.export_run import ExportRun
 from engine.model import LoadedModel
 from engine.shape_examples import suggest_spec
 from engine.shape_grammar import to_torch
-from schemas import ReportWarning, dynamic_shapes_adapter
+from schemas import ReportWarning, VerificationReport, dynamic_shapes_adapter
 from schemas.text import without_surrogates
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = [
     "convert_targets",
     "draft_section",
     "keep_ops_until_verified",
+    "partial_verification_warning",
     "plain_options",
     "run_reference",
     "suggest_dynamic_shapes",
@@ -84,6 +86,10 @@ def convert_targets(
             if result.status == "succeeded" and result.artifact is not None:
                 for written in result.artifacts or [result.artifact]:
                     artifacts[written] = run.request.out_dir / written
+                if result.verification is not None:
+                    partial = partial_verification_warning(result.verification, target=name)
+                    if partial is not None:
+                        run.warnings.append(partial)
                 continue
             error = result.error
             message = error.message if error is not None else f"target {name} failed"
@@ -95,6 +101,33 @@ def convert_targets(
             run.warnings.append(
                 ReportWarning(code="target_failed", message=message, details=details)
             )
+
+
+def partial_verification_warning(
+    report: VerificationReport, target: str | None = None
+) -> ReportWarning | None:
+    """`partially_verified` when no check failed but some samples were skipped (the eager
+    model or the program's guards rejected their inputs): the result is not *verified*.
+    None otherwise. `target` names a deployment target's verification."""
+    if report.verdict != "partially_verified":
+        return None
+    skipped = [s for s in report.samples if s.status == "skipped"]
+    total = len(report.samples)
+    where = f"target {target}" if target is not None else "the exported program"
+    details: dict[str, Any] = {
+        "samples": [{"label": s.label, "reason": s.reason, "symbols": s.symbols} for s in skipped],
+        "checked": report.checked,
+        "skipped": len(skipped),
+        "total": total,
+    }
+    if target is not None:
+        details["target"] = target
+    return ReportWarning(
+        code="partially_verified",
+        message=f"{where}: partially verified ({report.checked} of {total} samples; "
+        f"{len(skipped)} skipped: " + ", ".join(s.label for s in skipped) + ")",
+        details=details,
+    )
 
 
 def apply_portability(run: ExportRun, loaded: LoadedModel) -> portability.Portable:

@@ -77,7 +77,8 @@ def verify(
         names: the user's dim names for torch's symbols: a sample's `symbols` use them.
 
     Returns:
-        The report; `passed` is true when every check that was not skipped passed.
+        The report; `passed` is true when every check that was not skipped passed, and
+        `verdict` is `verified` only when, in addition, no sample was skipped.
     """
     if not opts.enabled:
         return VerificationReport(enabled=False)

@@ -73,6 +73,7 @@ from schemas.report import (
     TraceAttempt,
     TracingReport,
     VerificationReport,
+    VerificationVerdict,
 )
 from schemas.signature import InputSpec, OutputSpec, PortabilityMapping, SignatureDocument
 
@@ -139,6 +140,7 @@ __all__ = [
     "TracingReport",
     "UploadRef",
     "VerificationReport",
+    "VerificationVerdict",
     "VerifyOptions",
     "WebhookDelivery",
     "WorkerEnvironment",

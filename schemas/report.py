@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas._base import SCHEMA_VERSION, StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
@@ -121,14 +121,55 @@ class RoundtripCheck(StrictModel):
     outputs: list[OutputCheck] = Field(default_factory=list)
 
 
+VerificationVerdict = Literal["verified", "partially_verified", "failed", "disabled"]
+
+
 class VerificationReport(StrictModel):
     """All comparisons against eager."""
 
     enabled: bool
-    passed: bool | None = None
+    passed: bool | None = Field(
+        default=None,
+        description="No check failed (kept for compatibility: also true when samples were "
+        "skipped; `verdict` tells verified from partially verified); null when disabled.",
+    )
+    verdict: VerificationVerdict | None = Field(
+        default=None,
+        description="`verified`: every sample checked and passed; `partially_verified`: none "
+        "failed but some were skipped; `failed`: a check failed; `disabled`: not run. "
+        "Derived from `enabled`, `passed` and `samples` when not given.",
+    )
+    checked: int | None = Field(
+        default=None, description="Samples compared (passed or failed); derived when not given."
+    )
+    skipped: int | None = Field(
+        default=None, description="Samples skipped (see their `reason`); derived when not given."
+    )
     samples: list[SampleCheck] = Field(default_factory=list)
     roundtrip: RoundtripCheck | None = None
     duration_s: float | None = None
+
+    @model_validator(mode="after")
+    def _derive_verdict(self) -> VerificationReport:
+        # Reports written before `verdict` existed get theirs from what they hold.
+        if self.checked is None:
+            self.checked = sum(s.status != "skipped" for s in self.samples)
+        if self.skipped is None:
+            self.skipped = sum(s.status == "skipped" for s in self.samples)
+        if self.verdict is None:
+            self.verdict = verdict_of(self)
+        return self
+
+
+def verdict_of(report: VerificationReport) -> VerificationVerdict:
+    """The verdict `report`'s samples support: verified only when none was skipped."""
+    if not report.enabled:
+        return "disabled"
+    if report.passed is False or any(s.status == "failed" for s in report.samples):
+        return "failed"
+    if any(s.status == "skipped" for s in report.samples):
+        return "partially_verified"
+    return "verified"
 
 
 class TargetResult(StrictModel):

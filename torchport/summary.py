@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from schemas import ReportDocument, SignatureDocument
+from schemas import ReportDocument, SignatureDocument, VerificationReport
 
 
 def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> None:
@@ -53,6 +53,11 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
 
     if report.verification is not None and report.verification.samples:
         _render_verification(report, console)
+    if report.verification is not None:
+        console.print(f"Verification: {verdict_text(report.verification)}")
+    for name, target in report.targets.items():
+        checked = f", {verdict_text(target.verification)}" if target.verification else ""
+        console.print(f"Target {name}: {target.status}{checked}")
 
     for warning in report.warnings:
         console.print(f"[yellow]warning[/] \\[{warning.code}] {escape(warning.message)}")
@@ -76,6 +81,21 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
             console.print(f"  draft-export issue: {issue.type}{where}: {escape(first_line)}")
     else:
         console.print(f"artifacts in {out_dir}: " + ", ".join(a.name for a in report.artifacts))
+
+
+def verdict_text(verification: VerificationReport) -> str:
+    """The verdict in words: "verified" only when every sample was checked and passed."""
+    total = len(verification.samples)
+    if verification.verdict == "partially_verified":
+        return (
+            f"partially verified ({verification.checked} of {total} samples; "
+            f"{verification.skipped} skipped)"
+        )
+    if verification.verdict == "verified":
+        return f"verified ({total} sample{'' if total == 1 else 's'})"
+    if verification.verdict == "failed":
+        return "verification failed"
+    return "not verified"
 
 
 def _render_signature(signature: SignatureDocument, console: Console) -> None:

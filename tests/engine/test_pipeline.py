@@ -199,3 +199,36 @@ def test_resource_warnings_from_elsewhere_are_not_the_users_concern(tmp_path: Pa
         ("ResourceWarning", True),
         ("UserWarning", False),
     ]
+
+
+def test_skipped_samples_make_program_and_target_partially_verified(tmp_path: Path) -> None:
+    # The example index holds 7: every drawn size of 7 rows or fewer makes eager raise.
+    options = {"verify": {"samples": 4}, "targets": ["onnx"], "targets_required": True}
+    result = export(tmp_path, "verify_gather.py", options)
+    assert result.succeeded, result.report.error
+    report = result.report
+    assert report.verification is not None
+    assert report.verification.verdict == "partially_verified"
+    assert report.verification.passed is True
+    skipped = [s.label for s in report.verification.samples if s.status == "skipped"]
+    assert "min" in skipped
+    target = report.targets["onnx"].verification
+    assert target is not None and target.verdict == "partially_verified"
+    warnings = [w for w in report.warnings if w.code == "partially_verified"]
+    assert [w.details.get("target") for w in warnings] == [None, "onnx"]
+    for warning in warnings:
+        assert [s["label"] for s in warning.details["samples"]] == skipped
+        assert all(s["reason"] for s in warning.details["samples"])
+        assert warning.details["skipped"] == len(skipped)
+        assert warning.details["checked"] + len(skipped) == warning.details["total"]
+
+
+def test_all_samples_passing_is_verified_without_a_warning(tmp_path: Path) -> None:
+    result = export(tmp_path, "docs_shared_batch.py", {"targets": ["onnx"]})
+    assert result.succeeded, result.report.error
+    report = result.report
+    assert report.verification is not None and report.verification.verdict == "verified"
+    assert report.verification.skipped == 0
+    target = report.targets["onnx"].verification
+    assert target is not None and target.verdict == "verified"
+    assert "partially_verified" not in [w.code for w in report.warnings]

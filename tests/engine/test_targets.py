@@ -188,6 +188,33 @@ def test_onnx_without_verification_is_not_verified(mlp: Case, tmp_path: Path) ->
     assert any("not verified" in note for note in result.notes)
 
 
+class Gather(torch.nn.Module):
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x[index] * 2
+
+
+def test_onnx_with_samples_eager_rejects_is_partially_verified(tmp_path: Path) -> None:
+    needs("onnx")
+    # Index 7 needs 8 rows: eager raises on the smaller sizes drawn, which are skipped.
+    args = (torch.randn(8, 3), torch.tensor([0, 7, 3]))
+    case = export(Gather(), args, ({0: Dim("rows", min=2, max=16)}, None))
+    result = run("onnx", case, tmp_path)
+    assert result.status == "succeeded", result.error
+    check = result.verification
+    assert check is not None and check.passed is True
+    assert check.verdict == "partially_verified"
+    labels = {s.label: s.status for s in check.samples}
+    assert labels["min"] == "skipped" and labels["max"] == "passed"
+    assert check.skipped == sum(status == "skipped" for status in labels.values())
+
+
+def test_onnx_mlp_is_verified(mlp: Case, tmp_path: Path) -> None:
+    needs("onnx")
+    result = run("onnx", mlp, tmp_path)
+    assert result.verification is not None
+    assert (result.verification.verdict, result.verification.skipped) == ("verified", 0)
+
+
 def test_an_op_onnx_cannot_translate_is_target_failed(tmp_path: Path) -> None:
     needs("onnx")
     case = export(WithCustomOp(), (torch.randn(4),))

@@ -139,7 +139,19 @@ def test_a_sample_the_eager_model_rejects_is_skipped_not_failed() -> None:
     assert by_label["min"].reason is not None
     assert by_label["min"].reason.startswith("eager run: IndexError")
     assert by_label["max"].status == "passed"
+    # No check failed (`passed` keeps that meaning), but it is not verified.
     assert report.passed is True
+    assert report.verdict == "partially_verified"
+    skipped = [s.label for s in report.samples if s.status == "skipped"]
+    assert "min" in skipped
+    assert report.skipped == len(skipped)
+    assert report.checked == len(report.samples) - len(skipped) >= 2
+
+
+def test_all_samples_passing_is_verified(dynamic: Any) -> None:
+    report = run(*dynamic, samples=4)
+    assert report.verdict == "verified"
+    assert (report.checked, report.skipped) == (5, 0)
 
 
 class Accumulate(torch.nn.Module):
@@ -174,6 +186,7 @@ def test_outputs_outside_tolerance_fail_with_the_errors() -> None:
     model.scale = 1.5  # a Python attribute the program baked in as 1.0
     report = verify(ep, model, (x,), {}, VerifyOptions(samples=0))
     assert report.passed is False
+    assert (report.verdict, report.checked, report.skipped) == ("failed", 1, 0)
     values, count = report.samples[0].outputs
     assert values.passed is False
     assert values.max_abs_error == pytest.approx(2.0)  # |6.0 - 4.0|
@@ -193,6 +206,7 @@ def test_disabled_verification_checks_nothing() -> None:
     assert report.enabled is False
     assert report.passed is None
     assert report.samples == []
+    assert (report.verdict, report.checked, report.skipped) == ("disabled", 0, 0)
 
 
 @pytest.mark.parametrize(

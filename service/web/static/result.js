@@ -51,7 +51,7 @@ function summary(job, report, graph, signature) {
   const fixes = report?.tracing?.dynamic_shapes?.fixes || [];
   const stat = (label, value, key) => h("div", { class: "stat", "data-stat": key }, h("div", { class: "value" }, value), h("div", { class: "label" }, label));
   return card("Summary",
-    h("p", { class: "success-line", "data-code": "succeeded" }, "✓ Exported", report?.verification?.passed ? ", verified against eager PyTorch" : "", report ? ` in ${formatSeconds(report.duration_s)}` : "", "."),
+    h("p", { class: "success-line", "data-code": "succeeded", "data-verdict": verdictOf(report?.verification) || "" }, "✓ Exported", verdictOf(report?.verification) === "verified" ? ", verified against eager PyTorch" : verdictOf(report?.verification) === "partially_verified" ? `, ${verdictText(report.verification)} against eager PyTorch` : "", report ? ` in ${formatSeconds(report.duration_s)}` : "", "."),
     h("div", { class: "stats" },
       stat("op calls", ops ?? "—", "ops"),
       stat("distinct ops", graph ? Object.keys(graph.op_histogram).length : "—", "distinct-ops"),
@@ -148,6 +148,7 @@ function verificationCard(v) {
   const rt = v.roundtrip;
   return card("Verification",
     h("p", { class: "muted" }, "Each sample runs the exported program and the original eager model on the same inputs; dynamic sizes are drawn at their min, their max and in between."),
+    h("p", { class: "verification-verdict", "data-verdict": verdictOf(v) }, h("strong", {}, verdictText(v))),
     verificationTable(v),
     rt ? h("p", { "data-roundtrip": rt.status }, h("strong", {}, "Save → load round trip: "), verdict(rt.status), rt.bitwise_equal ? " outputs bitwise equal" : "", rt.reason ? ` (${rt.reason})` : "") : null);
 }
@@ -183,7 +184,9 @@ export function targetsCard(job, report) {
       h("td", {}, t.artifact ? (stored.has(t.artifact) ? artifactLink(job, t.artifact) : h("code", {}, t.artifact)) : "—"),
       h("td", { class: "num", "data-field": "size" }, size === null || size === undefined ? "—" : formatBytes(size)),
       h("td", { class: "num", "data-field": "duration" }, formatSeconds(t.duration_s)),
-      h("td", { "data-field": "verified" }, t.verification ? verdict(t.verification.passed === false ? "failed" : t.verification.passed ? "passed" : "skipped") : h("span", { class: "muted" }, "—")));
+      h("td", { "data-field": "verified", "data-verdict": verdictOf(t.verification) || "" }, !t.verification ? h("span", { class: "muted" }, "—")
+        : verdictOf(t.verification) === "partially_verified" ? h("span", { class: "verdict skip" }, verdictText(t.verification))
+        : verdict(t.verification.passed === false ? "failed" : t.verification.passed ? "passed" : "skipped")));
   });
   const sections = entries.map(([name, t]) => h("section", { class: "target-detail", "data-target-detail": name },
     h("h3", {}, TARGETS[name]?.label || name, " ", badge(t.status)),
@@ -198,6 +201,31 @@ export function targetsCard(job, report) {
     h("p", { class: "muted" }, "Artifacts converted from the exported program, each loaded by its own runtime and run on the same samples, with the same tolerances, as the program's verification."),
     table(["target", "status", "artifact", "size", "convert time", "verified"], rows, { class: "targets" }),
     sections);
+}
+
+/**
+ * A VerificationReport's verdict: `verified`, `partially_verified` (no check failed, some
+ * samples skipped), `failed` or `disabled`; derived from its samples for reports without one.
+ */
+export function verdictOf(v) {
+  if (!v) return null;
+  if (v.verdict) return v.verdict;
+  if (!v.enabled) return "disabled";
+  const samples = v.samples || [];
+  if (v.passed === false || samples.some((s) => s.status === "failed")) return "failed";
+  return samples.some((s) => s.status === "skipped") ? "partially_verified" : "verified";
+}
+
+/** "partially verified (k of n samples; m skipped)", or "verified (n samples)". */
+export function verdictText(v) {
+  const samples = v.samples || [];
+  const skipped = v.skipped ?? samples.filter((s) => s.status === "skipped").length;
+  const checked = v.checked ?? samples.length - skipped;
+  const n = samples.length;
+  const kind = verdictOf(v);
+  if (kind === "partially_verified") return `partially verified (${checked} of ${n} samples; ${skipped} skipped)`;
+  if (kind === "verified") return `verified (${n} sample${n === 1 ? "" : "s"})`;
+  return kind === "failed" ? "verification failed" : "not verified";
 }
 
 function verdict(status) {

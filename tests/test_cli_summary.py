@@ -1,0 +1,55 @@
+"""The CLI's summary: a partly skipped verification is never shown as verified."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from schemas import Environment, ReportDocument, SampleCheck, TargetResult, VerificationReport
+from torchport.summary import render_summary, verdict_text
+
+
+def _verification(*statuses: str) -> VerificationReport:
+    samples = [
+        SampleCheck.model_validate(
+            {"label": label, "status": status, "reason": "eager run: IndexError"}
+            if status == "skipped"
+            else {"label": label, "status": status}
+        )
+        for label, status in zip(["example", "min", "max", "random-1"], statuses, strict=False)
+    ]
+    return VerificationReport(enabled=True, passed=True, samples=samples)
+
+
+def test_partial_verification_shows_checked_total_and_skipped() -> None:
+    partial = _verification("passed", "skipped", "passed", "skipped")
+    assert partial.verdict == "partially_verified"
+    text = verdict_text(partial)
+    assert re.findall(r"\d+", text) == ["2", "4", "2"]
+    full = _verification("passed", "passed", "passed", "passed")
+    assert full.verdict == "verified"
+    assert verdict_text(full) != text
+    assert text not in {verdict_text(VerificationReport(enabled=False))}
+
+
+def test_the_summary_prints_the_verdict_of_the_program_and_of_each_target(
+    tmp_path: Path,
+) -> None:
+    partial = _verification("passed", "skipped", "passed", "skipped")
+    report = ReportDocument(
+        status="succeeded",
+        verification=partial,
+        targets={
+            "onnx": TargetResult(status="succeeded", verification=partial),
+            "aoti": TargetResult(status="succeeded", verification=_verification("passed")),
+        },
+        environment=Environment(torchport="0", python="3", platform="linux"),
+    )
+    console = Console(record=True, width=200)
+    render_summary(report, console, tmp_path)
+    lines = console.export_text().splitlines()
+    partial_text = verdict_text(partial)
+    assert sum(partial_text in line for line in lines) == 2  # the program and onnx
+    assert sum(verdict_text(_verification("passed")) in line for line in lines) == 1
