@@ -158,8 +158,6 @@ def apply(conf: Confinement) -> dict[str, object]:
     except Exception as exc:
         raise LockdownError(f"seccomp could not be installed: {exc}") from exc
     in_force["seccomp"] = True
-    if conf.executables:
-        in_force["executables"] = [str(path) for path in conf.executables]
     if conf.gpu is not None:
         # What the child itself sees, for the report: the GPU pinning it runs with, how
         # many device nodes it may open, and the names of its whole environment.

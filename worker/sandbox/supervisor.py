@@ -97,7 +97,7 @@ def supervise(
     the whole tree's (tree.py: loaders, toolchain children and what they started) with
     the disk every `disk_check_interval_s`."""
     deadline = time.monotonic() + timeout
-    outer: int | None = None
+    tree = watch.tree
     verdict: str | None = None
     next_disk_check = 0.0
     while True:
@@ -108,10 +108,9 @@ def supervise(
         if message is not None:
             op = message.get("op")
             if op == "started":
-                outer = zygote.inner_to_outer(int(message["pid"]))
-                watch.tree.main = outer
-                if outer is not None:
-                    watch.tree.leaders.add(outer)
+                tree.main = zygote.inner_to_outer(int(message["pid"]))
+                if tree.main is not None:
+                    tree.leaders.add(tree.main)
                 watch.spare = bool(message.get("spare"))
                 watch.prefault = bool(message.get("prefault"))
                 # A spare's warm-up left it this much more resident than the zygote.
@@ -126,7 +125,7 @@ def supervise(
             elif op == "helper":  # a loader or toolchain child of the job
                 helper = zygote.inner_to_outer(int(message["pid"]))
                 if helper is not None:
-                    watch.tree.leaders.add(helper)
+                    tree.leaders.add(helper)
             elif op == "done" and verdict is None:
                 on_done()
             continue
@@ -135,19 +134,19 @@ def supervise(
                 verdict = "canceled"
             elif time.monotonic() > deadline:
                 verdict = "timeout"
-            elif outer is not None and read_rss(outer) > memory_bytes:
+            elif tree.main is not None and read_rss(tree.main) > memory_bytes:
                 verdict = "out_of_memory"
             elif time.monotonic() >= next_disk_check:
                 next_disk_check = time.monotonic() + settings.disk_check_interval_s
-                members = watch.tree.members()
-                held = watch.tree.memory(members)
+                members = tree.members()
+                held = tree.memory(members)
                 watch.tree_peak = max(watch.tree_peak, held)
                 if held > memory_bytes:
                     verdict = "out_of_memory"
                 elif measure_disk(staging, members, watch, settings):
                     verdict = "disk_quota_exceeded"
             if verdict is not None:
-                kill_job(zygote, job_id, outer, watch.tree)
+                kill_job(zygote, job_id, tree)
                 deadline = time.monotonic() + settings.kill_grace_s
         elif time.monotonic() > deadline:
             # The zygote did not confirm the kill: it is wedged, so replace it.
@@ -164,13 +163,10 @@ def measure_disk(staging: Path, pids: list[int], watch: Watch, settings: Sandbox
     return use.over(limit, settings.max_inodes)
 
 
-def kill_job(
-    zygote: ZygoteClient, job_id: str, outer: int | None, tree: JobTree | None = None
-) -> None:
+def kill_job(zygote: ZygoteClient, job_id: str, tree: JobTree) -> None:
     """Kill the job's process groups (those whose leaders are known: the job child, its
     loaders and toolchain children) and ask the zygote to."""
-    leaders = {outer} if outer is not None else set()
-    for leader in leaders | (tree.leaders if tree is not None else set()):
+    for leader in tree.leaders:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(leader, signal.SIGKILL)
     with contextlib.suppress(OSError):

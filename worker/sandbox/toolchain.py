@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.sandbox import protocol
 from worker.sandbox.loader import answer
-from worker.sandbox.processes import close_fd, kill_group
+from worker.sandbox.processes import close_fd
 from worker.sandbox.relay import MAX_REQUEST
 
 if TYPE_CHECKING:
@@ -316,9 +316,3 @@ def _exec(program: str, argv: list[str], cwd: str, out: Path, err: Path | None) 
     except OSError as exc:
         os.write(2, f"torchport toolchain: {exc}\n".encode())
     return 127
-
-
-def kill(job: Job) -> None:
-    """Kill the job's running toolchain program and everything it started."""
-    if job.toolchain_pid is not None:
-        kill_group(job.toolchain_pid)
