@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from engine.generation import Generation
 from engine.source_map import SourceMap
 from schemas import CheckpointReport
 
@@ -44,3 +45,9 @@ class LoadedModel:
     device: str = "cpu"
     checkpoint: CheckpointReport | None = None
     """For a checkpoint upload: the task and how it was chosen (report.checkpoint)."""
+    generation: Generation | None = None
+    """For a generation-ready `text-generation` checkpoint: what the generation check
+    needs (`module` is then transformers' static-cache wrapper)."""
+    strict: bool | None = None
+    """The tracing mode this model needs whatever `options.strict` says (the static
+    cache's buffers alias the cache's tensors: only strict tracing sees them mutate)."""

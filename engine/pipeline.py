@@ -27,6 +27,7 @@ from engine import (
     documents,
     environment,
     foreign_ops,
+    generation,
     inputs,
     library_adaptations,
     loading,
@@ -40,7 +41,7 @@ from engine.dim_names import dim_names
 from engine.errors import ExportError, InternalError, SerializationFailed
 from engine.export_run import MAX_TORCH_WARNINGS, QUIET_CATEGORIES, ExportRun
 from engine.export_run import torch_warnings as _torch_warnings
-from engine.model import Upload
+from engine.model import LoadedModel, Upload
 from engine.pipeline_steps import (
     DRAFT_WORTHY,
     apply_portability,
@@ -57,7 +58,15 @@ from engine.pipeline_steps import (
     write_json,
 )
 from engine.source_map import SourceMap
-from schemas import ErrorBody, ExportOptions, Progress, ReportDocument, RoundtripCheck, TargetResult
+from schemas import (
+    ErrorBody,
+    ExportOptions,
+    Progress,
+    ReportDocument,
+    RoundtripCheck,
+    TargetResult,
+    VerifyOptions,
+)
 
 __all__ = [
     "DRAFT_WORTHY",
@@ -177,6 +186,7 @@ def run_export(
         draft_export=run.sections.get("draft_export"),
         targets=run.targets,
         checkpoint=run.sections.get("checkpoint"),
+        generation=run.sections.get("generation"),
         environment=environment.describe(request.options.device, libraries=run.libraries),
         artifacts=(
             [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
@@ -276,7 +286,7 @@ def _export(
     if options.verify.enabled:
         with run.step("verifying", "comparing against eager PyTorch"):
             checked = verification.verify(
-                ep, pristine, loaded.args, loaded.kwargs, options.verify, names=names
+                ep, pristine, loaded.args, loaded.kwargs, _sampled(loaded, options), names=names
             )
             undecomposed_passed: bool | None = None
             if checked.passed is False:
@@ -291,6 +301,14 @@ def _export(
             partial = partial_verification_warning(checked)
             if partial is not None:
                 run.warnings.append(partial)
+            if loaded.generation is not None:
+                run.emit(0.5, "greedy generation against eager transformers")
+                made_ready = generation.program_report(ep, loaded.generation, verify=True)
+                run.sections["generation"] = made_ready
+                if made_ready.check is not None and not made_ready.check.matched:
+                    raise generation.mismatch_error(made_ready.check)
+    elif loaded.generation is not None:
+        run.sections["generation"] = generation.program_report(ep, loaded.generation, verify=False)
 
     with run.step("serializing", "torch.export.save"):
         roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
@@ -328,6 +346,15 @@ def _export(
 
     if options.targets:
         convert_targets(run, artifacts, ep, traced.ep, pristine, loaded, names)
+
+
+def _sampled(loaded: LoadedModel, options: ExportOptions) -> VerifyOptions:
+    """The verification options; a generation-ready program is checked on its example
+    (a prefill) and then by generation: random samples would draw cache positions that
+    no generation makes."""
+    if loaded.generation is None:
+        return options.verify
+    return options.verify.model_copy(update={"samples": 0})
 
 
 def _finish_error(run: ExportRun, exc: ExportError) -> ErrorBody:

@@ -81,6 +81,7 @@ def convert_targets(
                 out_dir=run.request.out_dir,
                 options=options,
                 names=names,
+                generation=loaded.generation,
             )
             run.targets[name] = result
             if result.status == "succeeded" and result.artifact is not None:

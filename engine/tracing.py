@@ -65,7 +65,8 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
 
     Args:
         loaded: the model and its example inputs.
-        options: `strict` (False, True or "auto") and `auto_fix_dynamic_shapes` are used.
+        options: `strict` (False, True or "auto"; `loaded.strict` overrides it) and
+            `auto_fix_dynamic_shapes` are used.
         dynamic_shapes: the JSON spec when `source` is "options" or "checkpoint" (made
             for a checkpoint's task), the torch-form spec
             from the uploaded module when it is "module", None when "none".
@@ -85,7 +86,10 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
     except ExportError as err:
         err.tracing_report = state.report()  # type: ignore[attr-defined]
         raise
-    modes = [True, False] if options.strict == "auto" else [bool(options.strict)]
+    if loaded.strict is not None:  # the model needs one mode (a static KV cache: strict)
+        modes = [loaded.strict]
+    else:
+        modes = [True, False] if options.strict == "auto" else [bool(options.strict)]
     # An example of size 1 in a dim declared dynamic makes torch pin it to 1: trace on a
     # copy widened along it instead (verification still runs on the user's example).
     widened = widen_size_one_dims(loaded.module, loaded.args, loaded.kwargs, spec)

@@ -66,6 +66,34 @@ TaskName = Literal[
 """What a checkpoint upload (a `save_pretrained` directory) is exported for, named as
 optimum names its tasks (docs/contract.md §1, *Checkpoints*)."""
 
+MAX_CACHE_LEN = 8192
+"""The largest static KV cache (`generation.max_cache_len`) a job may ask for."""
+DEFAULT_MAX_CACHE_LEN = 1024
+"""`generation.max_cache_len` when unset, unless the model's own context is shorter."""
+
+
+class GenerationOptions(StrictModel):
+    """A `text-generation` checkpoint exported ready to generate: with a KV cache."""
+
+    cache: bool = Field(
+        default=True,
+        description="Export with a static KV cache (program.pt2, aoti, executorch: one "
+        "program for prefill and decode, the cache in mutable buffers; onnx: "
+        "`past_key_values.{i}.key|value` inputs and `present.{i}.key|value` outputs); "
+        "false: the plain forward (logits of a whole sequence, no cache).",
+    )
+    max_cache_len: Annotated[int, Field(ge=32, le=MAX_CACHE_LEN)] | None = Field(
+        default=None,
+        description="Tokens the static cache holds (prompt and generated together); null: "
+        f"{DEFAULT_MAX_CACHE_LEN}, or the model's `max_position_embeddings` when smaller.",
+    )
+    max_new_tokens: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=16,
+        description="Tokens generated greedily from the example prompt to verify the program "
+        "and each target against eager transformers, token for token.",
+    )
+
+
 AotiIsa = Literal["portable", "native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
 
 
@@ -152,6 +180,11 @@ class ExportOptions(StrictModel):
     )
     aoti: AotiOptions = Field(default_factory=AotiOptions)
     onnx: OnnxOptions = Field(default_factory=OnnxOptions)
+    generation: GenerationOptions = Field(
+        default_factory=GenerationOptions,
+        description="For a `text-generation` checkpoint: the KV cache and the verification "
+        "by generation. Ignored otherwise.",
+    )
     requires: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(
         default_factory=list,
         description="pip-style requirements the worker must meet before the upload runs, e.g. "

@@ -172,6 +172,42 @@ def verdict_of(report: VerificationReport) -> VerificationVerdict:
     return "verified"
 
 
+class GenerationCheck(StrictModel):
+    """Greedy generation from the example prompt, compared token for token with eager
+    transformers (its own forward with a dynamic cache)."""
+
+    max_new_tokens: int = Field(description="Tokens generated after the prompt.")
+    prompt_tokens: int = Field(description="Length of the example prompt.")
+    matched: bool = Field(description="Every generated token equals eager transformers' one.")
+    first_mismatch: int | None = Field(
+        default=None,
+        description="Index (0 = the first generated token) of the first token that differs; "
+        "null when all match.",
+    )
+    expected: list[int] = Field(default_factory=list, description="Eager transformers' tokens.")
+    generated: list[int] = Field(default_factory=list, description="This artifact's tokens.")
+    duration_s: float | None = None
+
+
+class GenerationReport(StrictModel):
+    """How a `text-generation` checkpoint was made generation-ready."""
+
+    cache: Literal["static"] = Field(
+        default="static",
+        description="`static`: the KV cache is a set of mutable buffers of the program "
+        "(`max_cache_len` tokens, batch 1); one method serves prefill and decode.",
+    )
+    max_cache_len: int
+    batch_size: int = 1
+    inputs: list[str] = Field(
+        default_factory=list,
+        description='The program\'s inputs: `["input_ids", "cache_position"]`.',
+    )
+    check: GenerationCheck | None = Field(
+        default=None, description="The program's generation check; null when verify is off."
+    )
+
+
 class TargetResult(StrictModel):
     """One deployment target: its artifact, and the artifact run against eager PyTorch."""
 
@@ -199,6 +235,11 @@ class TargetResult(StrictModel):
         default_factory=dict,
         description="Machine-readable facts, e.g. for `aoti` the `isa` asked for, the `march` "
         "and `vec_isa` used; the runtime's and converter's versions.",
+    )
+    generation: GenerationCheck | None = Field(
+        default=None,
+        description="For a generation-ready export: the artifact's greedy generation against "
+        "eager transformers.",
     )
     error: ErrorBody | None = Field(
         default=None, description="`target_failed`, with `details.target`; null unless failed."
@@ -350,5 +391,10 @@ class ReportDocument(StrictModel):
     sandbox: SandboxReport | None = None
     checkpoint: CheckpointReport | None = Field(
         default=None, description="For a checkpoint upload: the task and how it was chosen."
+    )
+    generation: GenerationReport | None = Field(
+        default=None,
+        description="For a `text-generation` checkpoint exported with a KV cache: the cache "
+        "and the program's generation check.",
     )
     duration_s: float | None = None

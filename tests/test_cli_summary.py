@@ -7,8 +7,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from schemas import Environment, ReportDocument, SampleCheck, TargetResult, VerificationReport
-from torchport.summary import render_summary, verdict_text
+from schemas import (
+    Environment,
+    GenerationCheck,
+    GenerationReport,
+    ReportDocument,
+    SampleCheck,
+    TargetResult,
+    VerificationReport,
+)
+from torchport.summary import generation_text, render_summary, verdict_text
 
 
 def _verification(*statuses: str) -> VerificationReport:
@@ -53,3 +61,33 @@ def test_the_summary_prints_the_verdict_of_the_program_and_of_each_target(
     partial_text = verdict_text(partial)
     assert sum(partial_text in line for line in lines) == 2  # the program and onnx
     assert sum(verdict_text(_verification("passed")) in line for line in lines) == 1
+
+
+def test_the_summary_says_whether_each_generation_matched(tmp_path: Path) -> None:
+    matched = GenerationCheck(
+        max_new_tokens=3, prompt_tokens=16, matched=True, expected=[1, 2, 3], generated=[1, 2, 3]
+    )
+    differs = GenerationCheck(
+        max_new_tokens=3,
+        prompt_tokens=16,
+        matched=False,
+        first_mismatch=1,
+        expected=[1, 2, 3],
+        generated=[1, 7, 3],
+    )
+    report = ReportDocument(
+        status="succeeded",
+        generation=GenerationReport(max_cache_len=64, check=matched),
+        targets={
+            "onnx": TargetResult(status="succeeded", generation=matched),
+            "aoti": TargetResult(status="failed", generation=differs),
+        },
+        environment=Environment(torchport="0", python="3", platform="linux"),
+    )
+    console = Console(record=True, width=200)
+    render_summary(report, console, tmp_path)
+    lines = console.export_text().splitlines()
+    assert sum(generation_text(matched) in line for line in lines) == 2  # program and onnx
+    [aoti] = [line for line in lines if line.startswith("Target aoti")]
+    assert generation_text(differs) in aoti and "1" in generation_text(differs)
+    assert any("64" in line for line in lines if line.startswith("Generation"))

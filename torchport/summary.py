@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from schemas import ReportDocument, SignatureDocument, VerificationReport
+from schemas import GenerationCheck, ReportDocument, SignatureDocument, VerificationReport
 
 
 def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> None:
@@ -55,8 +55,16 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
         _render_verification(report, console)
     if report.verification is not None:
         console.print(f"Verification: {verdict_text(report.verification)}")
+    if report.generation is not None:
+        made = report.generation
+        console.print(
+            f"Generation: static KV cache of {made.max_cache_len} tokens; "
+            + (generation_text(made.check) if made.check else "not checked")
+        )
     for name, target in report.targets.items():
         checked = f", {verdict_text(target.verification)}" if target.verification else ""
+        if target.generation is not None:
+            checked += f", {generation_text(target.generation)}"
         console.print(f"Target {name}: {target.status}{checked}")
 
     for warning in report.warnings:
@@ -81,6 +89,13 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
             console.print(f"  draft-export issue: {issue.type}{where}: {escape(first_line)}")
     else:
         console.print(f"artifacts in {out_dir}: " + ", ".join(a.name for a in report.artifacts))
+
+
+def generation_text(check: GenerationCheck) -> str:
+    """A generation check in words."""
+    if check.matched:
+        return f"generation matches eager transformers ({check.max_new_tokens} tokens)"
+    return f"generation differs from eager transformers at token {check.first_mismatch}"
 
 
 def verdict_text(verification: VerificationReport) -> str:

@@ -30,6 +30,7 @@ from engine.errors import (
     ModelNotFound,
     WeightsMismatch,
 )
+from engine.generation import Generation, make_ready
 from engine.inputs import read_inputs
 from engine.model import LoadedModel, Upload
 from engine.source_map import SourceMap
@@ -69,11 +70,18 @@ def load_checkpoint(
             if version:  # imported earlier (the zygote preloads it): still what built it
                 libraries["transformers"] = str(version)
     generated = upload.inputs is None
-    if upload.inputs is None:
-        made = task_inputs(choice.task, model, config)
+    generation: Generation | None = None
+    if generated and _generation_ready(choice.task, options):
+        model, generation, made_kwargs, dynamic_shapes = make_ready(
+            model, config, options.generation
+        )
         args: tuple[Any, ...] = ()
-        kwargs: dict[str, Any] = dict(made.kwargs)
-        dynamic_shapes: Any = made.dynamic_shapes
+        kwargs: dict[str, Any] = dict(made_kwargs)
+    elif upload.inputs is None:
+        made = task_inputs(choice.task, model, config)
+        args = ()
+        kwargs = dict(made.kwargs)
+        dynamic_shapes = made.dynamic_shapes
     else:
         args, kwargs = read_inputs(upload.inputs)
         dynamic_shapes = None
@@ -91,7 +99,7 @@ def load_checkpoint(
         task_source=choice.source,
         model_type=config.model_type,
         architecture=(config.architectures or [None])[0],
-        model_class=type(model).__name__,
+        model_class=type(model if generation is None else generation.model).__name__,
         weights_format=_weights_format(directory),
         weights_files=_weights_files(directory),
         remote_code=bool(getattr(config, "auto_map", None)),
@@ -111,7 +119,13 @@ def load_checkpoint(
         eager_buffers=buffers,
         device=options.device,
         checkpoint=report,
+        generation=generation,
+        strict=True if generation is not None else None,
     )
+
+
+def _generation_ready(task: str, options: ExportOptions) -> bool:
+    return task == "text-generation" and options.generation.cache
 
 
 def _transformers() -> Any:
@@ -187,8 +201,10 @@ def _build(
                 "supported_tasks": tasks,
             },
         )
-    if choice.task in ("text-generation", "text2text-generation"):
-        config.use_cache = False  # the plain forward (logits); no KV cache yet
+    if choice.task == "text2text-generation" or (
+        choice.task == "text-generation" and not options.generation.cache
+    ):
+        config.use_cache = False  # the plain forward (logits); no KV cache
     auto_class = getattr(transformers, choice.loader.auto_class)
     model, info = _from_pretrained(auto_class, directory, config, remote)
     return model.eval(), config, choice, info

@@ -36,7 +36,15 @@ import torch.utils._pytree as pytree
 
 from engine import verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
-from schemas import ErrorBody, ExportOptions, TargetResult, VerificationReport, VerifyOptions
+from engine.generation import Generation, expected_tokens, greedy, onnx_past, runner_check
+from schemas import (
+    ErrorBody,
+    ExportOptions,
+    GenerationCheck,
+    TargetResult,
+    VerificationReport,
+    VerifyOptions,
+)
 from schemas.outcomes import error_body
 from schemas.version import __version__
 
@@ -146,6 +154,7 @@ def run_target(
     options: ExportOptions,
     names: Mapping[str, str] | None = None,
     onnx_external_threshold: int | None = None,
+    generation: Generation | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -162,11 +171,16 @@ def run_target(
             verification samples and the ONNX model's dims carry them.
         onnx_external_threshold: bytes of weights above which `onnx.external_data: auto`
             writes `model.onnx.data` (default `onnx.EXTERNAL_DATA_THRESHOLD`).
+        generation: for a generation-ready program (a static KV cache): the artifact is
+            also checked by greedy generation (`TargetResult.generation`); `onnx` is then
+            traced with the cache as inputs and outputs (`engine.generation.onnx_past`)
+            and checked by generation only.
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
     notes: list[str] = []
     check: VerificationReport | None = None
+    generated: GenerationCheck | None = None
     started = time.perf_counter()
     duration: float | None = None
     try:
@@ -182,25 +196,42 @@ def run_target(
         settings = _settings(name, options, program, pristine, args, kwargs, names)
         if onnx_external_threshold is not None and name == "onnx":
             settings["external_threshold"] = onnx_external_threshold
+        with_past = None
+        if generation is not None and name == "onnx":
+            with_past = onnx_past.past_program(generation)
+            source, args, kwargs = with_past.program, (), with_past.kwargs
+            settings.update(
+                input_names=with_past.input_names,
+                output_names=with_past.output_names,
+                dim_names=with_past.dim_names,
+            )
+            settings["metadata"]["torchport.task"] = "text-generation-with-past"
         target.convert(source, args, kwargs, path, facts=facts, **settings)
         duration = time.perf_counter() - started
         notes += target.notes(facts)
         flat = target.load(path, source, **_loading(name, settings, facts))
-        if options.verify.enabled:
-            runner = structured_runner(flat, program)
+        if not options.verify.enabled:
+            check = VerificationReport(enabled=False)
+            notes.append("not verified: verify.enabled is false")
+        elif with_past is not None:
+            notes.append(
+                "verified by generation only: model.onnx takes the KV cache as inputs and "
+                "returns it, a program of its own beside program.pt2"
+            )
+        else:
+            tolerances = _tolerances(name, options)
+            if generation is not None:  # the example's prefill, then generation
+                tolerances = tolerances.model_copy(update={"samples": 0})
             check = verification.verify(
                 program,
                 pristine,
                 args,
                 kwargs,
-                _tolerances(name, options),
-                runner=runner,
+                tolerances,
+                runner=structured_runner(flat, program),
                 names=names,
             )
-        else:
-            check = VerificationReport(enabled=False)
-            notes.append("not verified: verify.enabled is false")
-        if check.passed is False:
+        if check is not None and check.passed is False:
             raised, where = _first_failure(check)
             if raised:
                 raise TargetError(
@@ -213,6 +244,15 @@ def run_target(
                 hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
                 "difference is numerical noise of this runtime's kernels.",
             )
+        if options.verify.enabled and generation is not None:
+            generated = _generation_check(name, flat, generation, with_past)
+            if not generated.matched:
+                raise TargetError(
+                    f"{path.name} generates other tokens than eager transformers from "
+                    f"generated token {generated.first_mismatch} on",
+                    hint=f"See targets.{name}.generation for both token lists.",
+                    details={"reason": "generation_mismatch"},
+                )
     except Exception as exc:
         if duration is None:
             duration = time.perf_counter() - started
@@ -222,6 +262,7 @@ def run_target(
             status="failed",
             duration_s=duration,
             verification=check,
+            generation=generated,
             notes=notes,
             details=facts,
             error=_error(name, exc),
@@ -233,8 +274,21 @@ def run_target(
         artifacts=[written.name for written in _files(name, path) if written.exists()],
         duration_s=duration,
         verification=check,
+        generation=generated,
         notes=notes,
         details=facts,
+    )
+
+
+def _generation_check(
+    name: str, flat: FlatRunner, generation: Generation, with_past: Any
+) -> GenerationCheck:
+    if with_past is None:
+        return runner_check(flat, generation)
+    return greedy.check(
+        expected_tokens(generation),
+        lambda: onnx_past.past_tokens(flat, with_past, generation),
+        generation.prompt.shape[1],
     )
 
 

@@ -115,9 +115,10 @@ def test_bert_without_a_task_exports_as_fill_mask_with_named_dims(tmp_path: Path
     assert (tmp_path / "out" / "program.pt2").is_file()
 
 
-def test_llama_for_text_generation_exports_the_plain_forward(tmp_path: Path) -> None:
+def test_llama_without_a_cache_exports_the_plain_forward(tmp_path: Path) -> None:
     archive = zip_directory(llama(tmp_path), tmp_path / "llama.zip", folder=None)
-    result = export(tmp_path, archive, {**FAST, "task": "text-generation"})
+    options = {**FAST, "task": "text-generation", "generation": {"cache": False}}
+    result = export(tmp_path, archive, options)
     report = result.report
     assert result.succeeded, report.error
     assert report.checkpoint is not None

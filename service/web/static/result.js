@@ -34,6 +34,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
     graph ? histogram(graph.op_histogram, nonCore) : null,
     signature ? signatureCard(signature) : null,
     report?.verification ? verificationCard(report.verification) : null,
+    report?.generation ? generationCard(report.generation) : null,
     targetsCard(job, report),
     report?.decomposition ? decompositionCard(report.decomposition) : null,
     signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested, report?.inputs) : null,
@@ -153,6 +154,23 @@ function verificationCard(v) {
     rt ? h("p", { "data-roundtrip": rt.status }, h("strong", {}, "Save → load round trip: "), verdict(rt.status), rt.bitwise_equal ? " outputs bitwise equal" : "", rt.reason ? ` (${rt.reason})` : "") : null);
 }
 
+/** A generation-ready export (report.generation): the cache, and the program's greedy generation. */
+function generationCard(g) {
+  return card("Generation",
+    h("p", { class: "muted" }, `A static KV cache of ${g.max_cache_len} tokens (batch ${g.batch_size}) in the program: one method for prefill and decode, inputs ${g.inputs.join(", ")}.`),
+    g.check ? generationLine(g.check) : h("p", { class: "muted" }, "Not checked: verification is off."));
+}
+
+/** One greedy-generation check (report.generation.check, report.targets.<name>.generation). */
+function generationLine(c) {
+  return h("div", { class: "generation-check", "data-matched": String(c.matched) },
+    h("p", {}, h("strong", {}, c.matched
+      ? `✓ ${c.max_new_tokens} tokens generated greedily from a ${c.prompt_tokens}-token prompt, equal to eager transformers' token for token`
+      : `✗ generates other tokens than eager transformers from token ${c.first_mismatch} on`)),
+    h("p", { class: "small muted" }, "eager: ", h("code", {}, c.expected.join(" ")),
+      c.matched ? null : h("span", {}, " · this: ", h("code", {}, c.generated.join(" ")))));
+}
+
 /**
  * A link to one of the job's artifacts: its href is the API's address of the file; a click
  * downloads it as the Downloads buttons do (fetched with the API key when one is set).
@@ -184,7 +202,7 @@ export function targetsCard(job, report) {
       h("td", {}, t.artifact ? (stored.has(t.artifact) ? artifactLink(job, t.artifact) : h("code", {}, t.artifact)) : "—"),
       h("td", { class: "num", "data-field": "size" }, size === null || size === undefined ? "—" : formatBytes(size)),
       h("td", { class: "num", "data-field": "duration" }, formatSeconds(t.duration_s)),
-      h("td", { "data-field": "verified", "data-verdict": verdictOf(t.verification) || "" }, !t.verification ? h("span", { class: "muted" }, "—")
+      h("td", { "data-field": "verified", "data-verdict": verdictOf(t.verification) || "" }, !t.verification ? (t.generation ? verdict(t.generation.matched ? "passed" : "failed") : h("span", { class: "muted" }, "—"))
         : verdictOf(t.verification) === "partially_verified" ? h("span", { class: "verdict skip" }, verdictText(t.verification))
         : verdict(t.verification.passed === false ? "failed" : t.verification.passed ? "passed" : "skipped")));
   });
@@ -193,8 +211,9 @@ export function targetsCard(job, report) {
     t.error ? h("div", { class: "warn-line target-error", "data-code": t.error.code, "data-target": name },
       h("code", {}, t.error.code), " ", rich(t.error.message), t.error.hint ? h("div", { class: "hint" }, rich(t.error.hint)) : null) : null,
     t.notes?.length ? h("ul", { class: "notes" }, t.notes.map((n) => h("li", {}, rich(n)))) : null,
+    t.generation ? generationLine(t.generation) : null,
     t.verification?.samples?.length ? verificationTable(t.verification)
-      : t.status === "succeeded" ? h("p", { class: "muted" }, "Not verified.") : null,
+      : t.status === "succeeded" && !t.generation ? h("p", { class: "muted" }, "Not verified.") : null,
     t.details && Object.keys(t.details).length
       ? h("details", {}, h("summary", {}, "Details"), h("pre", {}, JSON.stringify(t.details, null, 1))) : null));
   return card("Deployment targets",

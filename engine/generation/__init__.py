@@ -1,0 +1,31 @@
+"""Generation-ready LLMs: a `text-generation` checkpoint exported with a KV cache.
+
+`ready` wraps a decoder-only transformers model in transformers' own export recipe
+(`TorchExportableModuleWithStaticCache`, as optimum-executorch does): the static cache
+is a set of mutable buffers, and one program serves prefill and decode through
+`cache_position`. `greedy` decodes greedily with eager transformers (its own forward,
+dynamic cache), with a cached program or artifact, and compares the tokens.
+`onnx_past` is the ONNX form: explicit `past_key_values.{i}.key|value` inputs and
+`present.{i}.key|value` outputs, as optimum names them.
+"""
+
+from engine.generation.checks import (
+    expected_tokens,
+    mismatch_error,
+    program_report,
+    runner_check,
+)
+from engine.generation.greedy import cached_tokens, check, eager_tokens
+from engine.generation.ready import Generation, make_ready
+
+__all__ = [
+    "Generation",
+    "cached_tokens",
+    "check",
+    "eager_tokens",
+    "expected_tokens",
+    "make_ready",
+    "mismatch_error",
+    "program_report",
+    "runner_check",
+]

@@ -1,0 +1,71 @@
+"""Greedy decoding with eager transformers and with a cached program, and their comparison.
+
+Every loop generates exactly `max_new_tokens` (no stop at an end-of-sequence token), so
+the two token lists always have the same length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from schemas import GenerationCheck
+
+__all__ = ["Step", "cached_tokens", "check", "eager_tokens"]
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""One call of a static-cache program: (input_ids, cache_position) → logits."""
+
+
+def _next(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1, :].argmax(dim=-1, keepdim=True)
+
+
+@torch.no_grad()
+def eager_tokens(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+    """Greedy tokens of the transformers model itself, with its default dynamic cache."""
+    out = model(input_ids=prompt, use_cache=True)
+    token = _next(out.logits)
+    tokens = [int(token)]
+    for _ in range(max_new_tokens - 1):
+        out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+        token = _next(out.logits)
+        tokens.append(int(token))
+    return tokens
+
+
+@torch.no_grad()
+def cached_tokens(step: Step, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+    """Greedy tokens of a static-cache program: the prompt in one prefill at positions
+    0…n-1, then one token per call at the next position."""
+    length = prompt.shape[1]
+    token = _next(step(prompt, torch.arange(length)))
+    tokens = [int(token)]
+    for position in range(length, length + max_new_tokens - 1):
+        token = _next(step(token, torch.tensor([position])))
+        tokens.append(int(token))
+    return tokens
+
+
+def check(
+    expected: list[int], generate: Callable[[], list[int]], prompt_tokens: int
+) -> GenerationCheck:
+    """Run `generate` and compare its tokens with `expected`."""
+    started = time.perf_counter()
+    generated = generate()
+    mismatch = next(
+        (i for i, (a, b) in enumerate(zip(expected, generated, strict=False)) if a != b), None
+    )
+    if mismatch is None and len(generated) != len(expected):
+        mismatch = min(len(generated), len(expected))
+    return GenerationCheck(
+        max_new_tokens=len(expected),
+        prompt_tokens=prompt_tokens,
+        matched=mismatch is None,
+        first_mismatch=mismatch,
+        expected=expected,
+        generated=generated,
+        duration_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,120 @@
+"""A decoder-only transformers model made generation-ready: the static-cache wrapper,
+its example inputs and dynamic shapes, and what the generation check needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import InvalidRequest, ModelNotFound
+from schemas import GenerationOptions
+from schemas.options import DEFAULT_MAX_CACHE_LEN
+
+__all__ = ["PROMPT_TOKENS", "Generation", "make_ready"]
+
+PROMPT_TOKENS = 16
+"""Length of the example prompt (batch 1): the prefill the program is traced with."""
+STAGE = "loading"
+
+
+@dataclass
+class Generation:
+    """What checks a generation-ready program: the eager model and the example prompt."""
+
+    model: torch.nn.Module
+    """The transformers model inside the wrapper (eager, dynamic cache when run alone)."""
+    prompt: torch.Tensor
+    max_new_tokens: int
+    max_cache_len: int
+    expected: list[int] | None = None
+    """Eager transformers' tokens, once computed (`greedy.eager_tokens`)."""
+
+
+def _max_positions(config: Any) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _cache_len(config: Any, options: GenerationOptions) -> int:
+    limit = _max_positions(config)
+    wanted = options.max_cache_len
+    needed = PROMPT_TOKENS + options.max_new_tokens
+    if wanted is None:
+        wanted = DEFAULT_MAX_CACHE_LEN if limit is None else min(limit, DEFAULT_MAX_CACHE_LEN)
+    elif limit is not None and wanted > limit:
+        raise InvalidRequest(
+            f"generation.max_cache_len {wanted} is over the model's context "
+            f"(max_position_embeddings {limit}).",
+            hint=f"Set generation.max_cache_len to at most {limit}, or leave it unset.",
+            stage=STAGE,
+            details={"reason": "cache_too_long", "max_cache_len": wanted, "limit": limit},
+        )
+    if wanted < needed:
+        raise InvalidRequest(
+            f"A cache of {wanted} tokens cannot hold the {PROMPT_TOKENS}-token example prompt "
+            f"and {options.max_new_tokens} generated tokens.",
+            hint=f"Set generation.max_cache_len to at least {needed}, or lower "
+            "generation.max_new_tokens.",
+            stage=STAGE,
+            details={"reason": "cache_too_short", "max_cache_len": wanted, "needed": needed},
+        )
+    return wanted
+
+
+def make_ready(
+    model: torch.nn.Module, config: Any, options: GenerationOptions
+) -> tuple[torch.nn.Module, Generation, dict[str, torch.Tensor], dict[str, Any]]:
+    """Wrap `model` with a static cache; return the wrapper, the check's facts, the
+    example inputs (`input_ids`, `cache_position`) and their dynamic shapes (JSON form).
+
+    Raises:
+        ExportError: `invalid_request` (a cache length the model cannot take),
+            `model_not_found` (transformers cannot give this model a static cache).
+    """
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    max_cache_len = _cache_len(config, options)
+    generation_config = getattr(model, "generation_config", None)
+    saved = None
+    if generation_config is not None:
+        saved = (generation_config.cache_implementation, generation_config.use_cache)
+        generation_config.cache_implementation = "static"
+        generation_config.use_cache = True
+    config.use_cache = True
+    try:
+        recipe = TorchExportableModuleForDecoderOnlyLM(
+            model,  # type: ignore[arg-type]  # a PreTrainedModel, built by transformers
+            batch_size=1,
+            max_cache_len=max_cache_len,
+            device=torch.device("cpu"),
+        )
+    except Exception as exc:
+        raise ModelNotFound(
+            f"transformers cannot give a {config.model_type} model a static KV cache: "
+            f"{type(exc).__name__}: {exc}",
+            hint="Set generation.cache to false to export the plain forward (no cache).",
+            stage=STAGE,
+            details={"reason": "no_static_cache", "exception": type(exc).__name__},
+        ) from exc
+    finally:
+        if generation_config is not None and saved is not None:
+            generation_config.cache_implementation, generation_config.use_cache = saved
+    wrapper: torch.nn.Module = recipe.model
+    vocab = getattr(config, "vocab_size", None) or 2
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, PROMPT_TOKENS), generator=generator)
+    kwargs = {"input_ids": prompt, "cache_position": torch.arange(PROMPT_TOKENS)}
+    sequence = {"name": "sequence_length", "min": 1, "max": max_cache_len}
+    shapes = {"input_ids": {"1": sequence}, "cache_position": {"0": "sequence_length"}}
+    generation = Generation(
+        model=model,
+        prompt=prompt,
+        max_new_tokens=options.max_new_tokens,
+        max_cache_len=max_cache_len,
+    )
+    return wrapper.eval(), generation, kwargs, shapes
