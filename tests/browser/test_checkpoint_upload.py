@@ -86,3 +86,25 @@ def test_a_chosen_folder_is_zipped_and_exports(page: Any, server: Server, bert: 
     report = server.api(f"v1/exports/{job['id']}/artifacts/report.json")
     assert report["checkpoint"]["task"] == "feature-extraction"
     assert report["checkpoint"]["weights_files"] == ["model.safetensors"]
+
+
+def test_a_llama_folder_for_text_generation_shows_its_generation(
+    page: Any, server: Server, tmp_path: Path
+) -> None:
+    """A generation-ready export: the result page says the program's greedy generation
+    matched eager transformers, and shows the tokens."""
+    from tests.engine.test_generation import llama
+
+    directory = llama(tmp_path)
+    page.goto("/")
+    page.set_input_files("[data-testid=folder-model]", str(directory))
+    page.wait_for_selector("#task-row:not([hidden])")
+    page.select_option("#task", "text-generation")
+    page.click("#submit")
+    job = finished(server, job_id_of(page))
+    assert job["status"] == "succeeded", job["error"]
+    report = server.api(f"v1/exports/{job['id']}/artifacts/report.json")
+    expected = report["generation"]["check"]["expected"]
+    line = page.wait_for_selector(".generation-check", timeout=60_000)
+    assert line.get_attribute("data-matched") == "true"
+    assert " ".join(str(token) for token in expected) in (line.text_content() or "")

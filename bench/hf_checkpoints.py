@@ -1,0 +1,217 @@
+"""Checkpoint uploads end to end: `torchport export DIR --task …` (sandboxed, as a worker
+runs it) against the same work done by hand with plain torch and transformers, in a
+fresh process each, on checkpoints written here with random weights.
+
+    python bench/hf_checkpoints.py generation [--targets onnx,aoti,executorch]
+    python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m]
+
+`generation`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`;
+per model whether the program and each target generate eager transformers' tokens.
+`real-size`: a ~250M-parameter Llama (generation-ready, static cache of 1024 tokens) and
+ViT-base (86M, image-classification); torchport's stage times and peak memory against a
+cold plain-torch script doing load → export (transformers' static-cache recipe for the
+LLM) → run_decompositions → save → load → run. Prints markdown tables (docs/models.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("loading", "tracing", "decomposing", "verifying", "serializing", "converting")
+
+TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"num_key_value_heads": 2},
+    ),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"num_key_value_heads": 2, "head_dim": 8}),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+        },
+    ),
+}
+TINY_COMMON = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+    "initializer_range": 0.2,  # a context-dependent model: see tests/engine/test_generation.py
+}
+REAL: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "llama-250m": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "vocab_size": 32000,
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_hidden_layers": 14,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "max_position_embeddings": 2048,
+        },
+        "text-generation",
+    ),
+    "vit-86m": ("ViTConfig", "ViTForImageClassification", {}, "image-classification"),
+}
+
+PLAIN = r"""
+import json, resource, sys, time
+t = {"start": time.perf_counter()}
+import torch, transformers
+directory, task, out = sys.argv[1], sys.argv[2], sys.argv[3]
+mark = lambda k: t.__setitem__(k, time.perf_counter())
+if task == "text-generation":
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    model.generation_config.cache_implementation = "static"
+    module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=1024).model
+    kwargs = {"input_ids": torch.randint(0, 32000, (1, 16)), "cache_position": torch.arange(16)}
+    seq = torch.export.Dim("sequence_length", min=1, max=1024)
+    shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
+    strict = True
+else:
+    module = transformers.AutoModelForImageClassification.from_pretrained(directory).eval()
+    kwargs = {"pixel_values": torch.randn(2, 3, 224, 224)}
+    shapes = {"pixel_values": {0: torch.export.Dim("batch_size", min=1, max=64)}}
+    strict = False
+mark("loading")
+ep = torch.export.export(module, (), kwargs, dynamic_shapes=shapes, strict=strict)
+mark("tracing")
+ep = ep.run_decompositions()
+mark("decomposing")
+torch.export.save(ep, out)
+mark("saving")
+loaded = torch.export.load(out)
+with torch.no_grad():
+    loaded.module()(**kwargs)
+mark("load_and_run")
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"times": t, "peak_mb": peak}))
+"""
+
+
+def _save(directory: Path, config_class: str, model_class: str, config: dict[str, Any]) -> int:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+    model.save_pretrained(directory)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _torchport(directory: Path, task: str, out: Path, targets: list[str], timeout: float) -> Any:
+    cli = str(Path(sys.executable).parent / "torchport")
+    command = [cli, "export", str(directory), "--task", task]
+    command += [arg for name in targets for arg in ("--target", name)]
+    command += ["--out", str(out), "--json"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    wall = time.perf_counter() - started
+    report_path = out / "report.json"
+    if not report_path.is_file():
+        raise SystemExit(f"torchport wrote no report: {done.stderr[-2000:]}")
+    return json.loads(report_path.read_text()), wall
+
+
+def _matched(check: dict[str, Any] | None) -> str:
+    if not check:
+        return "-"
+    return "matched" if check["matched"] else f"differs at {check['first_mismatch']}"
+
+
+def generation(targets: list[str], timeout: float) -> None:
+    print("| model | parameters | program | " + " | ".join(targets) + " | torchport s |")
+    print("|---|---|---|" + "---|" * len(targets) + "---|")
+    for name, (config_class, model_class, extra) in TINY.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = Path(tmp) / name
+            count = _save(directory, config_class, model_class, {**TINY_COMMON, **extra})
+            report, wall = _torchport(
+                directory, "text-generation", Path(tmp) / "out", targets, timeout
+            )
+        program = (report.get("generation") or {}).get("check")
+        cells = [
+            f"{t['status']}, {_matched(t.get('generation'))}"
+            for t in (report["targets"].get(n, {"status": "-"}) for n in targets)
+        ]
+        status = report["status"] if report["status"] != "succeeded" else _matched(program)
+        print(f"| {name} | {count:,} | {status} | " + " | ".join(cells) + f" | {wall:.0f} |")
+
+
+def real_size(only: list[str] | None, timeout: float) -> None:
+    print(
+        "| model | parameters | task | torchport stages s (load / trace / decompose / verify "
+        "/ serialize) | torchport wall s | torchport peak MB | plain stages s (load / export "
+        "/ decompose / save / load+run) | plain wall s | plain peak MB | wall ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, (config_class, model_class, config, task) in REAL.items():
+        if only and name not in only:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = Path(tmp) / name
+            count = _save(directory, config_class, model_class, config)
+            started = time.perf_counter()
+            plain = subprocess.run(
+                [sys.executable, "-c", PLAIN, str(directory), task, str(Path(tmp) / "plain.pt2")],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=True,
+            )
+            plain_wall = time.perf_counter() - started
+            facts = json.loads(plain.stdout.strip().splitlines()[-1])
+            report, wall = _torchport(directory, task, Path(tmp) / "out", [], timeout)
+        times = facts["times"]
+        order = ["start", "loading", "tracing", "decomposing", "saving", "load_and_run"]
+        plain_stages = " / ".join(
+            f"{times[b] - times[a]:.1f}" for a, b in itertools.pairwise(order)
+        )
+        stages = {s["name"]: s["duration_s"] for s in report["stages"]}
+        ours = " / ".join(f"{stages.get(s, 0):.1f}" for s in STAGES[:5])
+        memory = ((report.get("sandbox") or {}).get("details") or {}).get("memory") or {}
+        print(
+            f"| {name} | {count / 1e6:.0f}M | {task} | {ours} | {wall:.1f} | "
+            f"{memory.get('peak_mb', '-')} | {plain_stages} | {plain_wall:.1f} | "
+            f"{facts['peak_mb']:.0f} | {wall / plain_wall:.2f} |"
+        )
+        if report["status"] != "succeeded":
+            print(f"<!-- {name}: {report['error']} -->")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite", choices=["generation", "real-size"])
+    parser.add_argument("--targets", default="onnx,aoti,executorch")
+    parser.add_argument("--only", default=None)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    if args.suite == "generation":
+        generation([t for t in args.targets.split(",") if t], args.timeout)
+    else:
+        real_size(args.only.split(",") if args.only else None, args.timeout)
+
+
+if __name__ == "__main__":
+    main()
