@@ -31,6 +31,21 @@ class Generation:
     expected: list[int] | None = None
     """Eager transformers' tokens, once computed (`greedy.eager_tokens`)."""
 
+    def runner_metadata(self) -> dict[str, Any]:
+        """The constant methods ExecuTorch's LLM runner reads from a `.pte`, as
+        `export_llama` and optimum-executorch write them."""
+        config = getattr(self.model, "config", None)
+        text = config.get_text_config() if config is not None else None
+        return {
+            "get_max_seq_len": self.max_cache_len,
+            "get_max_context_len": self.max_cache_len,
+            "get_n_layers": int(getattr(text, "num_hidden_layers", 0) or 0),
+            "get_vocab_size": int(getattr(text, "vocab_size", 0) or 0),
+            "use_kv_cache": True,
+            "use_sdpa_with_kv_cache": False,
+            "enable_dynamic_shape": True,
+        }
+
 
 def _max_positions(config: Any) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_seq_len"):

@@ -206,6 +206,8 @@ def run_target(
                 dim_names=with_past.dim_names,
             )
             settings["metadata"]["torchport.task"] = "text-generation-with-past"
+        if generation is not None and name == "executorch":
+            settings["constant_methods"] = generation.runner_metadata()
         target.convert(source, args, kwargs, path, facts=facts, **settings)
         duration = time.perf_counter() - started
         notes += target.notes(facts)

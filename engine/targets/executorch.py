@@ -36,6 +36,7 @@ def convert(
     path: Path,
     *,
     facts: dict[str, Any] | None = None,
+    constant_methods: dict[str, Any] | None = None,
 ) -> Path:
     """Lower `program` to ExecuTorch with XNNPACK and write the `.pte` to `path`.
 
@@ -44,7 +45,10 @@ def convert(
         args, kwargs: its example inputs (unused: the program carries its own).
         path: the file to write.
         facts: filled with `delegated` (nodes handed to XNNPACK), `portable_ops` (ops
-            left to ExecuTorch's portable kernels, with counts) and `executorch` (version).
+            left to ExecuTorch's portable kernels, with counts), `executorch` (version)
+            and `constant_methods`.
+        constant_methods: methods of the program that return a constant (an LLM's
+            `get_max_seq_len`, `use_kv_cache`, …, which ExecuTorch's LLM runner reads).
 
     Returns:
         `path`.
@@ -68,10 +72,14 @@ def convert(
         from executorch.exir import to_edge_transform_and_lower
         from executorch.version import __version__
 
-    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    edge = to_edge_transform_and_lower(
+        program, partitioner=[XnnpackPartitioner()], constant_methods=constant_methods
+    )
     if facts is not None:
         delegated, portable = _partition(edge.exported_program())
         facts.update(delegated=delegated, portable_ops=portable, executorch=__version__)
+        if constant_methods:
+            facts["constant_methods"] = dict(constant_methods)
     lowered = edge.to_executorch()
     with path.open("wb") as handle:
         lowered.write_to_file(handle)

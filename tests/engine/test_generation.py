@@ -213,6 +213,13 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
         assert target.generation is not None, name
         assert target.generation.matched, (name, target.generation)
         assert target.generation.expected == report.generation.check.expected
+    # ExecuTorch's LLM runner reads these constant methods from the .pte
+    from executorch.runtime import Runtime
+
+    pte = Runtime.get().load_program(str(tmp_path / "out" / "model.pte"))
+    assert pte.load_method("get_max_seq_len").execute([]) == [report.generation.max_cache_len]
+    assert pte.load_method("use_kv_cache").execute([]) == [True]
+    assert report.targets["executorch"].details["constant_methods"]["get_n_layers"] == 2
     return report.targets["onnx"].details
 
 
