@@ -2,11 +2,12 @@
 runs it) against the same work done by hand with plain torch and transformers, in a
 fresh process each, on checkpoints written here with random weights.
 
-    python bench/hf_checkpoints.py generation [--targets onnx,aoti,executorch]
+    python bench/hf_checkpoints.py checkpoints [--targets onnx,aoti,executorch]
     python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m]
 
-`generation`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`;
-per model whether the program and each target generate eager transformers' tokens.
+`checkpoints`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`
+(whether the program and each target generate eager transformers' tokens), and BERT and
+ViT checkpoints with no task given (the task inferred; each target's verdict).
 `real-size`: a ~250M-parameter Llama (generation-ready, static cache of 1024 tokens) and
 ViT-base (86M, image-classification); torchport's stage times and peak memory against a
 cold plain-torch script doing load → export (transformers' static-cache recipe for the
@@ -47,6 +48,34 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
 }
+OTHER: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "bert": (
+        "BertConfig",
+        "BertForMaskedLM",
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "vocab_size": 96,
+            "max_position_embeddings": 64,
+        },
+    ),
+    "vit": (
+        "ViTConfig",
+        "ViTForImageClassification",
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "image_size": 32,
+            "patch_size": 8,
+            "num_labels": 5,
+        },
+    ),
+}
+"""Checkpoints exported with no task given: the task is inferred from the architecture."""
 TINY_COMMON = {
     "vocab_size": 96,
     "hidden_size": 32,
@@ -120,9 +149,11 @@ def _save(directory: Path, config_class: str, model_class: str, config: dict[str
     return sum(p.numel() for p in model.parameters())
 
 
-def _torchport(directory: Path, task: str, out: Path, targets: list[str], timeout: float) -> Any:
+def _torchport(
+    directory: Path, task: str | None, out: Path, targets: list[str], timeout: float
+) -> Any:
     cli = str(Path(sys.executable).parent / "torchport")
-    command = [cli, "export", str(directory), "--task", task]
+    command = [cli, "export", str(directory)] + (["--task", task] if task else [])
     command += [arg for name in targets for arg in ("--target", name)]
     command += ["--out", str(out), "--json"]
     started = time.perf_counter()
@@ -140,23 +171,41 @@ def _matched(check: dict[str, Any] | None) -> str:
     return "matched" if check["matched"] else f"differs at {check['first_mismatch']}"
 
 
-def generation(targets: list[str], timeout: float) -> None:
-    print("| model | parameters | program | " + " | ".join(targets) + " | torchport s |")
-    print("|---|---|---|" + "---|" * len(targets) + "---|")
-    for name, (config_class, model_class, extra) in TINY.items():
+def _cell(result: dict[str, Any]) -> str:
+    if result.get("generation"):
+        return f"{result['status']}, {_matched(result['generation'])}"
+    verdict = (result.get("verification") or {}).get("verdict")
+    return f"{result['status']}, {verdict}" if verdict else result["status"]
+
+
+def checkpoints(targets: list[str], timeout: float) -> None:
+    print(
+        "| checkpoint | parameters | task (source) | program | "
+        + " | ".join(targets)
+        + " | torchport s |"
+    )
+    print("|---|---|---|---|" + "---|" * len(targets) + "---|")
+    rows = [(n, c, m, {**TINY_COMMON, **e}, "text-generation") for n, (c, m, e) in TINY.items()]
+    rows += [(n, c, m, e, None) for n, (c, m, e) in OTHER.items()]
+    for name, config_class, model_class, config, task in rows:
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / name
-            count = _save(directory, config_class, model_class, {**TINY_COMMON, **extra})
-            report, wall = _torchport(
-                directory, "text-generation", Path(tmp) / "out", targets, timeout
-            )
-        program = (report.get("generation") or {}).get("check")
-        cells = [
-            f"{t['status']}, {_matched(t.get('generation'))}"
-            for t in (report["targets"].get(n, {"status": "-"}) for n in targets)
-        ]
-        status = report["status"] if report["status"] != "succeeded" else _matched(program)
-        print(f"| {name} | {count:,} | {status} | " + " | ".join(cells) + f" | {wall:.0f} |")
+            count = _save(directory, config_class, model_class, config)
+            report, wall = _torchport(directory, task, Path(tmp) / "out", targets, timeout)
+        checkpoint = report.get("checkpoint") or {}
+        chosen = f"{checkpoint.get('task')} ({checkpoint.get('task_source')})"
+        if report["status"] != "succeeded":
+            program = f"failed: {report['error']['code']}"
+        elif report.get("generation"):
+            program = "generation " + _matched(report["generation"].get("check"))
+        else:
+            program = (report.get("verification") or {}).get("verdict", "-")
+        cells = [_cell(report["targets"].get(n, {"status": "-"})) for n in targets]
+        print(
+            f"| {name} | {count:,} | {chosen} | {program} | "
+            + " | ".join(cells)
+            + f" | {wall:.0f} |"
+        )
 
 
 def real_size(only: list[str] | None, timeout: float) -> None:
@@ -202,13 +251,13 @@ def real_size(only: list[str] | None, timeout: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("suite", choices=["generation", "real-size"])
+    parser.add_argument("suite", choices=["checkpoints", "real-size"])
     parser.add_argument("--targets", default="onnx,aoti,executorch")
     parser.add_argument("--only", default=None)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
-    if args.suite == "generation":
-        generation([t for t in args.targets.split(",") if t], args.timeout)
+    if args.suite == "checkpoints":
+        checkpoints([t for t in args.targets.split(",") if t], args.timeout)
     else:
         real_size(args.only.split(",") if args.only else None, args.timeout)
 

@@ -32,4 +32,6 @@ pip install -q -e '.[test,models,targets]'
 # torch itself): what it needs to convert and run, pinned (docs/targets.md).
 pip install -q --no-deps executorch==1.4.1 torchao==0.18.0
 pip install -q ruamel.yaml==0.19.1 tabulate==0.10.0
-python -m pytest -q -p no:cacheprovider "$@"
+# Two xdist workers: the engine's tests run beside the rest, which keeps to one worker
+# (tests/conftest.py: sandboxes, servers and the browser share the machine).
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "$@"
