@@ -58,7 +58,7 @@ def llama(tmp_path: Path) -> Path:
 
 
 def qwen3(tmp_path: Path) -> Path:
-    """A tiny Qwen3; its every-target run is tests/sandbox/test_generation.py."""
+    """A tiny Qwen3: tests/sandbox/test_generation.py exports it in the sandbox."""
     return saved_lm(tmp_path, "qwen3")
 
 
