@@ -10,6 +10,7 @@ dynamic cache), with a cached program or artifact, and compares the tokens.
 """
 
 from engine.generation.checks import (
+    checked,
     expected_tokens,
     mismatch_error,
     program_report,
@@ -22,6 +23,7 @@ __all__ = [
     "Generation",
     "cached_tokens",
     "check",
+    "checked",
     "eager_tokens",
     "expected_tokens",
     "make_ready",

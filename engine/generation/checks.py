@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from engine.errors import VerificationFailed
-from engine.generation.greedy import cached_tokens, check, eager_tokens
+from engine.generation.greedy import Step, cached_tokens, check, eager_tokens
 from engine.generation.ready import Generation
 from schemas import GenerationCheck, GenerationReport
 
-__all__ = ["expected_tokens", "mismatch_error", "program_report", "runner_check"]
+__all__ = ["checked", "expected_tokens", "mismatch_error", "program_report", "runner_check"]
 
 INPUTS = ["input_ids", "cache_position"]
 
@@ -43,11 +43,7 @@ def program_report(
             out: torch.Tensor = module(input_ids=ids, cache_position=positions)
             return out
 
-        result = check(
-            expected_tokens(generation),
-            lambda: cached_tokens(step, generation.prompt, generation.max_new_tokens),
-            generation.prompt.shape[1],
-        )
+        result = _cached_check(step, generation)
     return GenerationReport(max_cache_len=generation.max_cache_len, inputs=INPUTS, check=result)
 
 
@@ -64,10 +60,17 @@ def runner_check(
         logits: torch.Tensor = outputs[-1]
         return logits
 
-    return check(
-        expected_tokens(generation),
-        lambda: cached_tokens(step, generation.prompt, generation.max_new_tokens),
-        generation.prompt.shape[1],
+    return _cached_check(step, generation)
+
+
+def checked(generation: Generation, generate: Callable[[], list[int]]) -> GenerationCheck:
+    """`generate`'s tokens against eager transformers' for the example prompt."""
+    return check(expected_tokens(generation), generate, generation.prompt.shape[1])
+
+
+def _cached_check(step: Step, generation: Generation) -> GenerationCheck:
+    return checked(
+        generation, lambda: cached_tokens(step, generation.prompt, generation.max_new_tokens)
     )
 
 

@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 
 from engine import verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
-from engine.generation import Generation, expected_tokens, greedy, onnx_past, runner_check
+from engine.generation import Generation, checked, onnx_past, runner_check
 from schemas import (
     ErrorBody,
     ExportOptions,
@@ -247,7 +247,7 @@ def run_target(
                 "difference is numerical noise of this runtime's kernels.",
             )
         if options.verify.enabled and generation is not None:
-            generated = _generation_check(name, flat, generation, with_past)
+            generated = _generation_check(flat, generation, with_past)
             if not generated.matched:
                 raise TargetError(
                     f"{path.name} generates other tokens than eager transformers from "
@@ -283,15 +283,11 @@ def run_target(
 
 
 def _generation_check(
-    name: str, flat: FlatRunner, generation: Generation, with_past: Any
+    flat: FlatRunner, generation: Generation, with_past: onnx_past.PastProgram | None
 ) -> GenerationCheck:
     if with_past is None:
         return runner_check(flat, generation)
-    return greedy.check(
-        expected_tokens(generation),
-        lambda: onnx_past.past_tokens(flat, with_past, generation),
-        generation.prompt.shape[1],
-    )
+    return checked(generation, lambda: onnx_past.past_tokens(flat, with_past, generation))
 
 
 def skipped(reason: str) -> TargetResult:
