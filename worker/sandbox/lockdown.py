@@ -175,11 +175,16 @@ def landlock_rules(
     """Landlock's (read, write, devices, ioctl devices) for a child with this pid."""
     devices = [Path("/dev/null"), Path("/dev/zero"), Path("/dev/urandom")]
     reads = [*conf.read_paths, Path(f"/proc/{pid}"), Path("/proc/cpuinfo")]
+    writes = list(conf.write_paths)
     ioctl_devices: list[Path] = []
     if conf.gpu is not None:
         reads += conf.gpu.read_paths
         ioctl_devices += conf.gpu.devices
-    return reads, list(conf.write_paths), devices, ioctl_devices
+        # The CUDA driver names the threads it starts (pthread_setname_np writes
+        # /proc/<pid>/task/<tid>/comm) and fails to initialize, error 304, when it cannot
+        # (measured on an H100, driver 580). The job's own threads only.
+        writes.append(Path(f"/proc/{pid}/task"))
+    return reads, writes, devices, ioctl_devices
 
 
 def _arrange_fds(keep: dict[int, int]) -> None:

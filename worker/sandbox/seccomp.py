@@ -7,7 +7,8 @@ with ENOSYS so that glibc falls back to `clone`, where thread creation (CLONE_TH
 stays allowed and process creation does not (nor, for any process, a new namespace:
 `CLONE_NAMESPACES`). Other architectures' system calls (e.g.
 i386 through `int 0x80`) kill the process (libseccomp's bad-arch action). A CUDA job on
-a GPU worker may also call `memfd_create` (`GPU_ALLOWED`); nothing else differs.
+a GPU worker may also call `memfd_create`, and make and listen on the one kind of socket
+the NVIDIA driver makes (`GPU_ALLOWED`, `GPU_SOCKET`); nothing else differs.
 
 `pyseccomp` locates libseccomp with `ctypes.util.find_library`, which spawns
 helper processes: import it (`prepare()`) before the child is locked down.
@@ -165,11 +166,22 @@ def prepare() -> ModuleType:
     return pyseccomp
 
 
-GPU_ALLOWED: tuple[str, ...] = ("memfd_create",)
+GPU_ALLOWED: tuple[str, ...] = ("memfd_create", "socket", "bind", "listen")
 """Taken off the deny list for CUDA jobs only: the NVIDIA driver creates memfds while
 it initializes (CUDA error 304, "OS call failed", without them). A memfd cannot outlive
 the job here: it dies with the process's fds and mappings, no socket can pass it on,
-exec is denied, RLIMIT_FSIZE caps its size and the RSS watchdog counts its pages."""
+exec is denied, RLIMIT_FSIZE caps its size and the RSS watchdog counts its pages.
+
+The driver also listens on a socket of its own while it initializes (measured on an
+H100, driver 580, CUDA 13: an abstract `@cuda-uvmfd-<netns>-<pid>@`, `SOCK_SEQPACKET`;
+error 304 again without it). `socket` is allowed for that domain and type only
+(`GPU_SOCKET`), `bind` and `listen` for it: `connect`, `accept`, `socketpair` and every
+other kind of socket stay denied, so nothing reaches or leaves the job through it."""
+
+GPU_SOCKET = (1, 5)
+"""The one socket a CUDA job may make: (`AF_UNIX`, `SOCK_SEQPACKET`)."""
+SOCK_TYPE_MASK = 0xF
+"""The type bits of `socket`'s second argument (the rest are SOCK_CLOEXEC, SOCK_NONBLOCK)."""
 
 
 EXEC_ALLOWED: tuple[str, ...] = ("execve", "execveat", "fork", "vfork")
@@ -201,10 +213,10 @@ def install(
     Signals (`kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`) are allowed
     only towards `own_pid` (a program it starts inherits the rule with the job's pid:
     it cannot signal anyone else, not even itself). `gpu` allows what the CUDA driver needs
-    (`GPU_ALLOWED`); `exec_programs` allows execve and process creation
-    (`EXEC_ALLOWED`); `inert_mode_calls` answers `MODE_CALLS` with success and no effect.
-    Namespaces are refused to all. Raises OSError when the kernel refuses the filter; the caller
-    must then refuse the job.
+    (`GPU_ALLOWED`; sockets of `GPU_SOCKET`'s kind only); `exec_programs` allows execve
+    and process creation (`EXEC_ALLOWED`); `inert_mode_calls` answers `MODE_CALLS` with
+    success and no effect. Namespaces are refused to all. Raises OSError when the kernel
+    refuses the filter; the caller must then refuse the job.
     """
     seccomp = prepare()
     flt = seccomp.SyscallFilter(seccomp.ALLOW)
@@ -218,6 +230,14 @@ def install(
             flt.add_rule(action, name)
         except (ValueError, OSError, RuntimeError):
             unknown.append(name)
+    if gpu:  # only the driver's socket: every other domain and type, denied
+        domain, kind = GPU_SOCKET
+        flt.add_rule(deny, "socket", seccomp.Arg(0, seccomp.NE, domain))
+        for other in range(SOCK_TYPE_MASK + 1):
+            if other != kind:
+                flt.add_rule(
+                    deny, "socket", seccomp.Arg(1, seccomp.MASKED_EQ, SOCK_TYPE_MASK, other)
+                )
     flt.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     if not exec_programs:
         flt.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))

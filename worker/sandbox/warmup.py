@@ -152,6 +152,10 @@ def warm_loader(warm: Path) -> None:
         raise SystemExit(threads.refusal(started_threads))
 
 
+_GUARD = "_ensureCUDADeviceGuardSet"
+"""What a fake-tensor mode calls when it sees no CUDA; it asks the driver (cuda_hidden)."""
+
+
 @contextlib.contextmanager
 def cuda_hidden(torch: Any) -> Iterator[None]:
     """Make `torch.cuda.is_available()` False (and `device_count()` 0) without asking the
@@ -163,14 +167,28 @@ def cuda_hidden(torch: Any) -> Iterator[None]:
     (torch then refuses CUDA there: "Cannot re-initialize CUDA in forked subprocess");
     the second creates a CUDA context. Either would leave no job child able to use the
     GPU. The warm-up runs on the CPU, so the answer it sees changes nothing it caches.
+
+    Hiding CUDA has a catch of its own: a fake-tensor mode that sees no CUDA calls
+    `torch._C._ensureCUDADeviceGuardSet()` on entering, to put a no-op guard in place of
+    a missing CUDA one, and on a CUDA build that asks the driver for its device count:
+    `cuInit`, and the driver's own thread (`cuda0000…`) in the zygote. Measured on an
+    H100 worker (torch 2.11+cu130): every zygote refused to start, and every one-shot
+    `torchport export` died at its first job. A CUDA build has its guard already, so
+    the call is skipped while hidden; a CPU-only build's fake modes trace nothing on
+    CUDA in the warm-up either.
     """
     cuda = torch.cuda
     saved = (cuda.is_available, cuda.device_count)
+    guard = getattr(torch._C, _GUARD, None)
     cuda.is_available, cuda.device_count = (lambda: False), (lambda: 0)
+    if guard is not None:
+        setattr(torch._C, _GUARD, lambda: None)
     try:
         yield
     finally:
         cuda.is_available, cuda.device_count = saved
+        if guard is not None:
+            setattr(torch._C, _GUARD, guard)
 
 
 def probe_bad_fork(torch: Any) -> bool:
