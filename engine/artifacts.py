@@ -15,6 +15,8 @@ GRAPH = "graph.json"
 SIGNATURE = "signature.json"
 REPORT = "report.json"
 ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
+ENCODER = "encoder.pt2"
+"""An encoder-decoder model's encoder program, beside its decoder (`program.pt2`)."""
 
 ONNX = "model.onnx"
 AOTI = "model.aoti.pt2"
@@ -23,9 +25,13 @@ TARGET_ARTIFACTS = {"onnx": ONNX, "aoti": AOTI, "executorch": EXECUTORCH}
 """The file each deployment target writes (option `targets`), by target name."""
 
 ONNX_DATA = "model.onnx.data"
-TARGET_COMPANIONS: dict[str, tuple[str, ...]] = {"onnx": (ONNX_DATA,)}
+TARGET_COMPANIONS: dict[str, tuple[str, ...]] = {
+    "onnx": (ONNX_DATA, "encoder.onnx", "encoder.onnx.data"),
+    "aoti": ("encoder.aoti.pt2",),
+}
 """Files a target may write beside its artifact (listed in its report entry's
-`artifacts`): the weights of an ONNX model saved with external data."""
+`artifacts`): the weights of an ONNX model saved with external data, and an
+encoder-decoder model's encoder (`engine.targets.encoders`)."""
 
 TARGET_FILES = (
     *TARGET_ARTIFACTS.values(),

@@ -25,6 +25,7 @@ from engine import (
     decomposition,
     diagnostics,
     documents,
+    encoder_program,
     environment,
     foreign_ops,
     generation,
@@ -59,6 +60,7 @@ from engine.pipeline_steps import (
 )
 from engine.source_map import SourceMap
 from schemas import (
+    EncoderReport,
     ErrorBody,
     ExportOptions,
     Progress,
@@ -165,7 +167,7 @@ def run_export(
             run, diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
         )
     if error is not None:
-        for name in (PROGRAM, GRAPH, SIGNATURE, *TARGET_FILES):
+        for name in (PROGRAM, GRAPH, SIGNATURE, encoder_program.ENCODER_PROGRAM, *TARGET_FILES):
             (request.out_dir / name).unlink(missing_ok=True)
             artifacts.pop(name, None)
     for name in request.options.targets:
@@ -272,6 +274,11 @@ def _export(
         suggest_dynamic_shapes(run, source)
         run.warnings.extend(traced.warnings)
         applied = traced.report.dynamic_shapes.applied
+        encoder = loaded.generation.encoder if loaded.generation is not None else None
+        encoder_report: EncoderReport | None = None
+        if encoder is not None:  # an encoder-decoder model's second program
+            run.emit(0.9, "the encoder: torch.export.export, run_decompositions")
+            encoder_report = encoder_program.make(run, loaded, encoder)
 
     with run.step("decomposing", f"run_decompositions ({options.decomposition.mode})"):
         decomposed = decomposition.decompose(
@@ -302,18 +309,30 @@ def _export(
             if partial is not None:
                 run.warnings.append(partial)
             if loaded.generation is not None:
-                run.emit(0.5, "greedy generation against eager transformers")
-                made_ready = generation.program_report(ep, loaded.generation, verify=True)
+                made_ready = generation.program_report(ep, loaded.generation, verify=False)
+                made_ready.encoder = encoder_report
                 run.sections["generation"] = made_ready
+                if encoder is not None and encoder_report is not None:
+                    run.emit(0.4, "the encoder against eager PyTorch")
+                    encoder_report.verification = encoder_program.verify(encoder, options)
+                    if encoder_report.verification.passed is False:
+                        raise encoder_program.failed(encoder_report.verification)
+                run.emit(0.5, "greedy generation against eager transformers")
+                checked_ready = generation.program_report(ep, loaded.generation, verify=True)
+                made_ready.check = checked_ready.check
                 if made_ready.check is not None and not made_ready.check.matched:
                     raise generation.mismatch_error(made_ready.check)
     elif loaded.generation is not None:
-        run.sections["generation"] = generation.program_report(ep, loaded.generation, verify=False)
+        made_ready = generation.program_report(ep, loaded.generation, verify=False)
+        made_ready.encoder = encoder_report
+        run.sections["generation"] = made_ready
 
     with run.step("serializing", "torch.export.save"):
         roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
         if options.portable or roundtrip_wanted:
             foreign_ops.check_ops(ep, loaded.source_map)  # before a save whose load would fail
+            if encoder is not None and encoder.program is not None:
+                foreign_ops.check_ops(encoder.program, loaded.source_map)
         program = request.out_dir / PROGRAM
         try:
             torch.export.save(ep, program)
@@ -343,6 +362,10 @@ def _export(
         write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if roundtrip_wanted:
             check_roundtrip(run, ep, loaded, program, roundtrip_runner)
+        if encoder is not None and encoder_report is not None:
+            artifacts[encoder_program.ENCODER_PROGRAM] = encoder_program.save(
+                run, encoder, encoder_report, roundtrip_runner if roundtrip_wanted else None
+            )
 
     if options.targets:
         convert_targets(run, artifacts, ep, traced.ep, pristine, loaded, names)

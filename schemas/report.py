@@ -189,8 +189,37 @@ class GenerationCheck(StrictModel):
     duration_s: float | None = None
 
 
+class EncoderReport(StrictModel):
+    """An encoder-decoder model's encoder program (`encoder.pt2`), made beside the
+    decoder (the job's `program.pt2`): traced, decomposed and verified as the program is."""
+
+    artifact: str = Field(default="encoder.pt2", description="The file it is saved as.")
+    inputs: list[str] = Field(
+        default_factory=list,
+        description='Its input: `["input_ids"]` (text) or `["input_features"]` (speech); its '
+        "output is the last hidden state, the decoder's `encoder_hidden_states`.",
+    )
+    input_shape: list[int | str] = Field(
+        default_factory=list,
+        description="The example input's shape; a dynamic dim appears as its name, e.g. "
+        '`[1, "encoder_sequence_length"]`.',
+    )
+    verification: VerificationReport | None = Field(
+        default=None,
+        description="The encoder program against the eager encoder, on the example and on "
+        "samples of `encoder_sequence_length` (as `report.verification` for the program); "
+        "null when verify is off.",
+    )
+    roundtrip: RoundtripCheck | None = Field(
+        default=None,
+        description="`encoder.pt2` loaded in a fresh torch-only process and run, as "
+        "`program.pt2`'s round trip.",
+    )
+
+
 class GenerationReport(StrictModel):
-    """How a `text-generation` checkpoint was made generation-ready."""
+    """How a checkpoint was made generation-ready: a decoder-only LM (`text-generation`)
+    or an encoder-decoder one (`text2text-generation`, speech-to-text)."""
 
     cache: Literal["static"] = Field(
         default="static",
@@ -201,10 +230,18 @@ class GenerationReport(StrictModel):
     batch_size: int = 1
     inputs: list[str] = Field(
         default_factory=list,
-        description='The program\'s inputs: `["input_ids", "cache_position"]`.',
+        description='The program\'s inputs: `["input_ids", "cache_position"]`; an '
+        'encoder-decoder model\'s decoder: `["decoder_input_ids", "encoder_hidden_states", '
+        '"cache_position"]`.',
     )
     check: GenerationCheck | None = Field(
         default=None, description="The program's generation check; null when verify is off."
+    )
+    encoder: EncoderReport | None = Field(
+        default=None,
+        description="An encoder-decoder model's encoder program; null for a decoder-only "
+        "model. The generation check then runs the encoder program once and the decoder "
+        "from the decoder start token.",
     )
 
 
@@ -226,6 +263,12 @@ class TargetResult(StrictModel):
         default=None,
         description="The artifact, loaded by its own runtime, against eager PyTorch on the "
         "samples the program's verification draws (same tolerances, same table).",
+    )
+    encoder: VerificationReport | None = Field(
+        default=None,
+        description="An encoder-decoder model's encoder in this target (`encoder.onnx`, "
+        "`encoder.aoti.pt2`, the `encoder` method of `model.pte`) against the eager "
+        "encoder, on the encoder program's samples; null for other models.",
     )
     notes: list[str] = Field(
         default_factory=list,

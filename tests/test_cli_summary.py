@@ -8,10 +8,12 @@ from pathlib import Path
 from rich.console import Console
 
 from schemas import (
+    EncoderReport,
     Environment,
     GenerationCheck,
     GenerationReport,
     ReportDocument,
+    RoundtripCheck,
     SampleCheck,
     TargetResult,
     VerificationReport,
@@ -91,3 +93,23 @@ def test_the_summary_says_whether_each_generation_matched(tmp_path: Path) -> Non
     [aoti] = [line for line in lines if line.startswith("Target aoti")]
     assert generation_text(differs) in aoti and "1" in generation_text(differs)
     assert any("64" in line for line in lines if line.startswith("Generation"))
+
+
+def test_the_summary_shows_an_encoder_decoder_models_encoder(tmp_path: Path) -> None:
+    encoder = EncoderReport(
+        inputs=["input_ids"],
+        input_shape=[1, "encoder_sequence_length"],
+        verification=_verification("passed", "passed", "skipped"),
+        roundtrip=RoundtripCheck(status="passed", bitwise_equal=True),
+    )
+    report = ReportDocument(
+        status="succeeded",
+        generation=GenerationReport(max_cache_len=64, encoder=encoder),
+        environment=Environment(torchport="0", python="3", platform="linux"),
+    )
+    console = Console(record=True, width=200)
+    render_summary(report, console, tmp_path)
+    [line] = [line for line in console.export_text().splitlines() if line.startswith("Encoder")]
+    assert "encoder.pt2" in line and "encoder_sequence_length" in line
+    assert verdict_text(encoder.verification) in line and "partially" in line
+    assert "round trip passed" in line

@@ -61,6 +61,15 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
             f"Generation: static KV cache of {made.max_cache_len} tokens; "
             + (generation_text(made.check) if made.check else "not checked")
         )
+        if made.encoder is not None:
+            encoder = made.encoder
+            shape = ", ".join(str(size) for size in encoder.input_shape)
+            parts = [f"{encoder.artifact} ({', '.join(encoder.inputs)} [{shape}])"]
+            if encoder.verification is not None:
+                parts.append(verdict_text(encoder.verification))
+            if encoder.roundtrip is not None:
+                parts.append(f"round trip {encoder.roundtrip.status}")
+            console.print("Encoder: " + ", ".join(parts))
     for name, target in report.targets.items():
         checked = f", {verdict_text(target.verification)}" if target.verification else ""
         if target.generation is not None:

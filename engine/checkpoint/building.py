@@ -20,7 +20,7 @@ import torch
 
 from engine import libraries as library_index
 from engine.checkpoint.detection import CONFIG
-from engine.checkpoint.example_inputs import task_inputs
+from engine.checkpoint.example_inputs import max_sequence, task_inputs
 from engine.checkpoint.tasks import TaskChoice, choose_task, supported_tasks
 from engine.eager import prepare
 from engine.errors import (
@@ -30,7 +30,7 @@ from engine.errors import (
     ModelNotFound,
     WeightsMismatch,
 )
-from engine.generation import Generation, make_ready
+from engine.generation import Generation, make_ready, make_seq2seq_ready
 from engine.inputs import read_inputs
 from engine.model import LoadedModel, Upload
 from engine.source_map import SourceMap
@@ -71,10 +71,15 @@ def load_checkpoint(
                 libraries["transformers"] = str(version)
     generated = upload.inputs is None
     generation: Generation | None = None
-    if generated and _generation_ready(choice.task, options):
-        model, generation, made_kwargs, dynamic_shapes = make_ready(
-            model, config, options.generation
-        )
+    if generated and _generation_ready(choice, options):
+        if choice.task == "text-generation":
+            model, generation, made_kwargs, dynamic_shapes = make_ready(
+                model, config, options.generation
+            )
+        else:
+            model, generation, made_kwargs, dynamic_shapes = make_seq2seq_ready(
+                model, config, options.generation, max_sequence(config)
+            )
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = dict(made_kwargs)
     elif upload.inputs is None:
@@ -85,6 +90,8 @@ def load_checkpoint(
     else:
         args, kwargs = read_inputs(upload.inputs)
         dynamic_shapes = None
+        if choice.loader.auto_class in SEQ2SEQ_CLASSES:
+            config.use_cache = False  # the plain forward on the user's inputs, as before
     args, kwargs, outputs, buffers = prepare(
         model,
         args,
@@ -124,8 +131,16 @@ def load_checkpoint(
     )
 
 
-def _generation_ready(task: str, options: ExportOptions) -> bool:
-    return task == "text-generation" and options.generation.cache
+SEQ2SEQ_CLASSES = frozenset({"AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq"})
+"""Auto classes of encoder-decoder models, made generation-ready as two programs."""
+
+
+def _generation_ready(choice: TaskChoice, options: ExportOptions) -> bool:
+    """Whether the task's model is exported with a KV cache: a decoder-only LM, or an
+    encoder-decoder one (text2text, speech-to-text), unless `generation.cache` is off."""
+    if not options.generation.cache:
+        return False
+    return choice.task == "text-generation" or choice.loader.auto_class in SEQ2SEQ_CLASSES
 
 
 def _transformers() -> Any:
@@ -201,8 +216,8 @@ def _build(
                 "supported_tasks": tasks,
             },
         )
-    if choice.task == "text2text-generation" or (
-        choice.task == "text-generation" and not options.generation.cache
+    if not _generation_ready(choice, options) and (
+        choice.task == "text-generation" or choice.loader.auto_class in SEQ2SEQ_CLASSES
     ):
         config.use_cache = False  # the plain forward (logits); no KV cache
     auto_class = getattr(transformers, choice.loader.auto_class)

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_SEQUENCE",
     "TaskInputs",
+    "max_sequence",
     "task_inputs",
 ]
 
@@ -67,7 +68,8 @@ def _config_value(config: Any, *names: str) -> Any:
     return None
 
 
-def _max_sequence(config: Any) -> int:
+def max_sequence(config: Any) -> int:
+    """The upper bound of a text input's length: the config's context, at most 2048."""
     limit = _config_value(
         config, "max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"
     )
@@ -99,7 +101,7 @@ def _ids(config: Any, length: int, generator: torch.Generator) -> torch.Tensor:
 def _text(
     config: Any, parameters: set[str], generator: torch.Generator, *, seq2seq: bool
 ) -> TaskInputs:
-    sequence = {"name": "sequence_length", "min": 1, "max": _max_sequence(config)}
+    sequence = {"name": "sequence_length", "min": 1, "max": max_sequence(config)}
     kwargs: dict[str, torch.Tensor] = {
         "input_ids": _ids(config, EXAMPLE_SEQUENCE, generator),
         "attention_mask": torch.ones(EXAMPLE_BATCH, EXAMPLE_SEQUENCE, dtype=torch.long),
@@ -122,7 +124,7 @@ def _add_decoder(
     shapes: dict[str, Any],
     generator: torch.Generator,
 ) -> None:
-    decoder_max = _config_value(config, "max_target_positions") or _max_sequence(config)
+    decoder_max = _config_value(config, "max_target_positions") or max_sequence(config)
     kwargs["decoder_input_ids"] = _ids(config, EXAMPLE_SEQUENCE // 2, generator)
     shapes["decoder_input_ids"] = {
         "0": "batch_size",

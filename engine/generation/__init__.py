@@ -5,6 +5,8 @@
 is a set of mutable buffers, and one program serves prefill and decode through
 `cache_position`. `greedy` decodes greedily with eager transformers (its own forward,
 dynamic cache), with a cached program or artifact, and compares the tokens.
+`seq2seq` makes an encoder-decoder model generation-ready as two programs: an encoder,
+and a decoder with a static cache that takes `encoder_hidden_states` (the job's program).
 `onnx_past` is the ONNX form: explicit `past_key_values.{i}.key|value` inputs and
 `present.{i}.key|value` outputs, as optimum names them.
 """
@@ -17,9 +19,11 @@ from engine.generation.checks import (
     runner_check,
 )
 from engine.generation.greedy import cached_tokens, check, eager_tokens
-from engine.generation.ready import Generation, make_ready
+from engine.generation.ready import Encoder, Generation, make_ready
+from engine.generation.seq2seq import make_seq2seq_ready
 
 __all__ = [
+    "Encoder",
     "Generation",
     "cached_tokens",
     "check",
@@ -27,6 +31,7 @@ __all__ = [
     "eager_tokens",
     "expected_tokens",
     "make_ready",
+    "make_seq2seq_ready",
     "mismatch_error",
     "program_report",
     "runner_check",

@@ -11,19 +11,30 @@ import torch
 from engine.errors import VerificationFailed
 from engine.generation.greedy import Step, cached_tokens, check, eager_tokens
 from engine.generation.ready import Generation
+from engine.generation.seq2seq import DECODER_INPUTS, eager_seq2seq_tokens
 from schemas import GenerationCheck, GenerationReport
 
 __all__ = ["checked", "expected_tokens", "mismatch_error", "program_report", "runner_check"]
 
 INPUTS = ["input_ids", "cache_position"]
 
+HiddenStates = Callable[[], torch.Tensor]
+"""An encoder program (or artifact) run on the example input: its last hidden state."""
+
 
 def expected_tokens(generation: Generation) -> list[int]:
     """Eager transformers' greedy tokens from the example prompt (computed once)."""
     if generation.expected is None:
-        generation.expected = eager_tokens(
-            generation.model, generation.prompt, generation.max_new_tokens
-        )
+        encoder = generation.encoder
+        if encoder is None:
+            generation.expected = eager_tokens(
+                generation.model, generation.prompt, generation.max_new_tokens
+            )
+        else:
+            start = int(generation.prompt[0, 0])
+            generation.expected = eager_seq2seq_tokens(
+                generation.model, encoder.kwargs, start, generation.max_new_tokens
+            )
     return generation.expected
 
 
@@ -36,31 +47,67 @@ def program_report(
     with `ep`, and the saved program must keep its empty cache.
     """
     result: GenerationCheck | None = None
+    encoder = generation.encoder
     if verify:
         module = copy.deepcopy(ep.module())
-
-        def step(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = module(input_ids=ids, cache_position=positions)
-            return out
-
+        if encoder is None:
+            step = _step(lambda kwargs: [module(**kwargs)])
+        else:
+            assert encoder.program is not None, "the encoder program is made first"
+            program = encoder.program.module()
+            step = _step(lambda kwargs: [module(**kwargs)], lambda: program(**encoder.kwargs))
         result = _cached_check(step, generation)
-    return GenerationReport(max_cache_len=generation.max_cache_len, inputs=INPUTS, check=result)
+    return GenerationReport(
+        max_cache_len=generation.max_cache_len,
+        inputs=INPUTS if encoder is None else DECODER_INPUTS,
+        check=result,
+    )
 
 
 def runner_check(
-    flat: Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]], generation: Generation
+    flat: Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]],
+    generation: Generation,
+    encoder_flat: Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]] | None = None,
 ) -> GenerationCheck:
     """A static-cache artifact's greedy generation, run through its runtime's runner
     (`engine.targets.FlatRunner`: its last output is the logits). The runtime keeps the
     cache between calls; positions beyond the current one are masked, so what earlier
-    runs left in it does not matter."""
+    runs left in it does not matter. An encoder-decoder model's decoder artifact is fed
+    `encoder_flat`'s output on the example input (the same runtime's encoder)."""
+    encoder = generation.encoder
+    if encoder is None:
+        return _cached_check(_step(lambda kwargs: flat((), kwargs)), generation)
+    assert encoder_flat is not None, "an encoder-decoder artifact needs its encoder"
+
+    def hidden() -> torch.Tensor:
+        out: torch.Tensor = encoder_flat((), dict(encoder.kwargs))[-1]
+        return out
+
+    return _cached_check(_step(lambda kwargs: flat((), kwargs), hidden), generation)
+
+
+def _step(
+    run: Callable[[dict[str, Any]], Sequence[Any]], hidden: HiddenStates | None = None
+) -> Step:
+    """One call of a static-cache program (its last output is the logits); with
+    `hidden`, an encoder-decoder decoder's, fed the encoder's output (computed once)."""
+    states: list[torch.Tensor] = []
 
     def step(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        outputs = flat((), {"input_ids": ids, "cache_position": positions})
-        logits: torch.Tensor = outputs[-1]
+        if hidden is None:
+            kwargs: dict[str, Any] = {"input_ids": ids, "cache_position": positions}
+        else:
+            if not states:
+                states.append(hidden())
+            kwargs = {
+                "decoder_input_ids": ids,
+                "encoder_hidden_states": states[0],
+                "cache_position": positions,
+            }
+        logits: torch.Tensor = run(kwargs)[-1]
         return logits
 
-    return _cached_check(step, generation)
+    return step
 
 
 def checked(generation: Generation, generate: Callable[[], list[int]]) -> GenerationCheck:

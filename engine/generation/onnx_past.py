@@ -7,6 +7,14 @@ program, traced here from the transformers model: inputs `input_ids`,
 `batch_size`, `sequence_length`, `past_sequence_length` (0 at the prefill: empty past
 tensors) and `total_sequence_length` (the mask: past and new tokens). The present
 tensors are the past ones with the new tokens appended, fed back as the next past.
+
+An encoder-decoder model's decoder (`DecoderWithPast`) is traced the same way with its
+self-attention cache: inputs `input_ids`, `encoder_hidden_states` and
+`past_key_values.{i}.decoder.key|value`, outputs `logits` and
+`present.{i}.decoder.key|value`; dims `batch_size`, `decoder_sequence_length`,
+`encoder_sequence_length` (text) and `past_decoder_sequence_length`, as optimum names its
+seq2seq decoders. Cross-attention is recomputed from `encoder_hidden_states` at every
+call, so the encoder's keys and values are no inputs of it.
 """
 
 from __future__ import annotations
@@ -17,9 +25,9 @@ from typing import Any
 
 import torch
 
-from engine.generation.ready import Generation
+from engine.generation.ready import Encoder, Generation
 
-__all__ = ["PastProgram", "WithPast", "past_program", "past_tokens"]
+__all__ = ["DecoderWithPast", "PastProgram", "WithPast", "past_program", "past_tokens"]
 
 EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_NEW = 2, 8, 4
 MAX_BATCH = 64
@@ -27,12 +35,26 @@ MAX_BATCH = 64
 FlatRunner = Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]]
 
 
-class WithPast(torch.nn.Module):
-    """`model` with the KV cache passed in and returned as plain tensors."""
+class _Past(torch.nn.Module):
+    """A transformers `model` whose cache goes in and out as plain tensors."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
+
+    def _cache(self, past_key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """A `DynamicCache` holding `past_key_values`, layer by layer."""
+        from transformers import DynamicCache
+
+        config: Any = self.model.config
+        cache = DynamicCache(config=config)
+        for index, (key, value) in enumerate(past_key_values):
+            cache.update(key, value, index)
+        return cache
+
+
+class WithPast(_Past):
+    """`model` with the KV cache passed in and returned as plain tensors."""
 
     def forward(
         self,
@@ -40,12 +62,7 @@ class WithPast(torch.nn.Module):
         attention_mask: torch.Tensor,
         past_key_values: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        from transformers import DynamicCache
-
-        config: Any = self.model.config
-        cache = DynamicCache(config=config)
-        for index, (key, value) in enumerate(past_key_values):
-            cache.update(key, value, index)
+        cache = self._cache(past_key_values)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -54,6 +71,31 @@ class WithPast(torch.nn.Module):
         )
         present = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         return out.logits, present
+
+
+class DecoderWithPast(_Past):
+    """An encoder-decoder `model`'s decoder with its self-attention cache passed in and
+    returned as plain tensors; cross-attention is recomputed from
+    `encoder_hidden_states` at every call (the decoder keeps nothing of the encoder)."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        past_key_values: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        from transformers import EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        cache = EncoderDecoderCache(self._cache(past_key_values), self._cache([]))
+        out = self.model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoder_hidden_states),
+            decoder_input_ids=input_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values.self_attention_cache
+        return out.logits, [(layer.keys, layer.values) for layer in cache.layers]
 
 
 @dataclass
@@ -69,6 +111,8 @@ class PastProgram:
     past_shape: tuple[int, int]
     """(heads, head_dim) of one past tensor: its dims 1 and 3."""
     past_dtype: torch.dtype
+    task: str = "text-generation-with-past"
+    """The ONNX model's `torchport.task` metadata, as optimum names the task."""
 
 
 @torch.no_grad()
@@ -78,6 +122,8 @@ def past_program(generation: Generation) -> PastProgram:
     The example past comes from the model itself (a prefill of `EXAMPLE_PAST` tokens),
     so its number of layers, heads and head size are the model's.
     """
+    if generation.encoder is not None:
+        return _decoder_past_program(generation, generation.encoder)
     model = generation.model
     vocab = getattr(model.config, "vocab_size", None) or int(generation.prompt.max()) + 1
     ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_PAST))
@@ -116,6 +162,93 @@ def past_program(generation: Generation) -> PastProgram:
     )
 
 
+def _decoder_past_program(generation: Generation, encoder: Encoder) -> PastProgram:
+    """An encoder-decoder model's decoder traced with its self-attention cache as inputs
+    and outputs: inputs `input_ids`, `encoder_hidden_states`,
+    `past_key_values.{i}.decoder.key|value`; outputs `logits`,
+    `present.{i}.decoder.key|value` (optimum's names)."""
+    model = generation.model
+    vocab = getattr(model.config, "vocab_size", None) or int(generation.prompt.max()) + 1
+    hidden = encoder.hidden_states().expand(EXAMPLE_BATCH, -1, -1).contiguous()
+    ids = torch.randint(0, vocab, (EXAMPLE_BATCH, EXAMPLE_PAST))
+    wrapper = DecoderWithPast(model)
+    _, prefill = wrapper(ids, hidden, [])
+    past = [(key.clone(), value.clone()) for key, value in prefill]
+    layers = len(past)
+    kwargs: dict[str, Any] = {
+        "input_ids": ids[:, :EXAMPLE_NEW].clone(),
+        "encoder_hidden_states": hidden,
+        "past_key_values": past,
+    }
+    limit = generation.max_cache_len
+    batch = torch.export.Dim("batch_size", min=1, max=MAX_BATCH)
+    sequence = torch.export.Dim("decoder_sequence_length", min=1, max=limit)
+    past_length = torch.export.Dim("past_decoder_sequence_length", min=0, max=limit)
+    hidden_spec: dict[int, Any] = {0: batch}
+    if encoder.dynamic_shapes is not None:
+        bound = encoder.dynamic_shapes[encoder.input_name]["1"]["max"]
+        hidden_spec[1] = torch.export.Dim("encoder_sequence_length", min=1, max=bound)
+    shapes = {
+        "input_ids": {0: batch, 1: sequence},
+        "encoder_hidden_states": hidden_spec,
+        "past_key_values": [({0: batch, 2: past_length}, {0: batch, 2: past_length})] * layers,
+    }
+    program = torch.export.export(
+        wrapper, (), kwargs, dynamic_shapes=shapes, strict=False
+    ).run_decompositions()
+    parts = ("decoder.key", "decoder.value")
+    inputs = ["input_ids", "encoder_hidden_states"] + [
+        f"past_key_values.{i}.{part}" for i in range(layers) for part in parts
+    ]
+    outputs = ["logits"] + [f"present.{i}.{part}" for i in range(layers) for part in parts]
+    names = {
+        str(symbol): name
+        for symbol, name in _symbols(
+            program,
+            [
+                (0, 0, "batch_size"),
+                (0, 1, "decoder_sequence_length"),
+                (1, 1, "encoder_sequence_length"),
+                (2, 2, "past_decoder_sequence_length"),
+            ],
+        )
+    }
+    key = past[0][0]
+    task = (
+        "automatic-speech-recognition"
+        if encoder.input_name == "input_features"
+        else "text2text-generation"
+    )
+    return PastProgram(
+        program,
+        kwargs,
+        inputs,
+        outputs,
+        names,
+        layers,
+        (key.shape[1], key.shape[3]),
+        key.dtype,
+        task=f"{task}-with-past",
+    )
+
+
+def _symbols(
+    program: torch.export.ExportedProgram, where: list[tuple[int, int, str]]
+) -> list[tuple[str, str]]:
+    """(symbol, name) for each (user input index, dim, name) whose size is symbolic."""
+    values = [
+        node.meta["val"]
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in _user_inputs(program)
+    ]
+    found = []
+    for index, dim, name in where:
+        size = values[index].shape[dim]
+        if isinstance(size, torch.SymInt):
+            found.append((str(size.node.expr), name))
+    return found
+
+
 def _dim_names(program: torch.export.ExportedProgram, layers: int) -> dict[str, str]:
     values = [
         node.meta["val"]
@@ -145,21 +278,33 @@ def _user_inputs(program: torch.export.ExportedProgram) -> set[str]:
     }
 
 
-def past_tokens(flat: FlatRunner, made: PastProgram, generation: Generation) -> list[int]:
+def past_tokens(
+    flat: FlatRunner,
+    made: PastProgram,
+    generation: Generation,
+    encoder_flat: FlatRunner | None = None,
+) -> list[int]:
     """Greedy tokens of the ONNX model: the prompt with an empty past, then one token at
-    a time with the presents fed back as the past."""
+    a time with the presents fed back as the past. An encoder-decoder model's decoder
+    starts from its start token, fed `encoder_flat`'s output (the ONNX encoder's)."""
     prompt = generation.prompt
     heads, head_dim = made.past_shape
     empty = torch.zeros(prompt.shape[0], heads, 0, head_dim, dtype=made.past_dtype)
     past = [(empty, empty) for _ in range(made.layers)]
+    hidden = None
+    if generation.encoder is not None:
+        assert encoder_flat is not None, "an encoder-decoder model's ONNX needs its encoder"
+        hidden = encoder_flat((), dict(generation.encoder.kwargs))[-1]
     ids = prompt
     tokens: list[int] = []
     for _ in range(generation.max_new_tokens):
-        length = past[0][0].shape[2] + ids.shape[1]
-        mask = torch.ones(prompt.shape[0], length, dtype=torch.long)
-        outputs = list(
-            flat((), {"input_ids": ids, "attention_mask": mask, "past_key_values": past})
-        )
+        if hidden is None:
+            length = past[0][0].shape[2] + ids.shape[1]
+            mask = torch.ones(prompt.shape[0], length, dtype=torch.long)
+            feed = {"input_ids": ids, "attention_mask": mask, "past_key_values": past}
+        else:
+            feed = {"input_ids": ids, "encoder_hidden_states": hidden, "past_key_values": past}
+        outputs = list(flat((), feed))
         logits, presents = outputs[0], outputs[1:]
         ids = logits[:, -1, :].argmax(dim=-1, keepdim=True)
         tokens.append(int(ids))

@@ -37,6 +37,7 @@ import torch.utils._pytree as pytree
 from engine import verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
+from engine.targets import encoders
 from schemas import (
     ErrorBody,
     ExportOptions,
@@ -180,7 +181,10 @@ def run_target(
     facts: dict[str, Any] = {}
     notes: list[str] = []
     check: VerificationReport | None = None
+    encoder_check: VerificationReport | None = None
     generated: GenerationCheck | None = None
+    encoder = generation.encoder if generation is not None else None
+    encoder_files: list[Path] = []
     started = time.perf_counter()
     duration: float | None = None
     try:
@@ -199,19 +203,26 @@ def run_target(
         with_past = None
         if generation is not None and name == "onnx":
             with_past = onnx_past.past_program(generation)
+            settings["metadata"]["torchport.task"] = with_past.task
             source, args, kwargs = with_past.program, (), with_past.kwargs
             settings.update(
                 input_names=with_past.input_names,
                 output_names=with_past.output_names,
                 dim_names=with_past.dim_names,
             )
-            settings["metadata"]["torchport.task"] = "text-generation-with-past"
         if generation is not None and name == "executorch":
             settings["constant_methods"] = generation.runner_metadata()
+            if encoder is not None:
+                settings.update(encoders.executorch_settings(encoder))
         target.convert(source, args, kwargs, path, facts=facts, **settings)
+        flat = target.load(path, source, **_loading(name, settings, facts))
+        encoder_flat = None
+        if encoder is not None:
+            encoder_flat, encoder_files = encoders.convert(
+                name, target, encoder, path, settings, facts
+            )
         duration = time.perf_counter() - started
         notes += target.notes(facts)
-        flat = target.load(path, source, **_loading(name, settings, facts))
         if not options.verify.enabled:
             check = VerificationReport(enabled=False)
             notes.append("not verified: verify.enabled is false")
@@ -246,8 +257,18 @@ def run_target(
                 hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
                 "difference is numerical noise of this runtime's kernels.",
             )
+        if encoder is not None and encoder_flat is not None and options.verify.enabled:
+            encoder_check = encoders.verify(encoder, encoder_flat, _tolerances(name, options))
+            if encoder_check.passed is False:
+                _, where = _first_failure(encoder_check)
+                raise TargetError(
+                    f"the {name} encoder does not match the eager encoder {where}",
+                    hint=f"Look at targets.{name}.encoder; raise verify.atol/rtol if the "
+                    "difference is numerical noise of this runtime's kernels.",
+                    details={"program": "encoder"},
+                )
         if options.verify.enabled and generation is not None:
-            generated = _generation_check(flat, generation, with_past)
+            generated = _generation_check(flat, generation, with_past, encoder_flat)
             if not generated.matched:
                 raise TargetError(
                     f"{path.name} generates other tokens than eager transformers from "
@@ -258,12 +279,13 @@ def run_target(
     except Exception as exc:
         if duration is None:
             duration = time.perf_counter() - started
-        for written in _files(name, path):
+        for written in [*_files(name, path), *_encoder_files(name, path)]:
             written.unlink(missing_ok=True)
         return TargetResult(
             status="failed",
             duration_s=duration,
             verification=check,
+            encoder=encoder_check,
             generation=generated,
             notes=notes,
             details=facts,
@@ -273,9 +295,12 @@ def run_target(
         status="succeeded",
         artifact=path.name,
         size=path.stat().st_size,
-        artifacts=[written.name for written in _files(name, path) if written.exists()],
+        artifacts=[
+            written.name for written in [*_files(name, path), *encoder_files] if written.exists()
+        ],
         duration_s=duration,
         verification=check,
+        encoder=encoder_check,
         generation=generated,
         notes=notes,
         details=facts,
@@ -283,11 +308,16 @@ def run_target(
 
 
 def _generation_check(
-    flat: FlatRunner, generation: Generation, with_past: onnx_past.PastProgram | None
+    flat: FlatRunner,
+    generation: Generation,
+    with_past: onnx_past.PastProgram | None,
+    encoder_flat: FlatRunner | None,
 ) -> GenerationCheck:
     if with_past is None:
-        return runner_check(flat, generation)
-    return checked(generation, lambda: onnx_past.past_tokens(flat, with_past, generation))
+        return runner_check(flat, generation, encoder_flat)
+    return checked(
+        generation, lambda: onnx_past.past_tokens(flat, with_past, generation, encoder_flat)
+    )
 
 
 def skipped(reason: str) -> TargetResult:
@@ -338,7 +368,7 @@ def _loading(name: str, settings: dict[str, Any], facts: dict[str, Any]) -> dict
             "input_names": facts.get("inputs"),
             "output_names": outputs[len(outputs) - len(wanted) :] if wanted else None,
         }
-    return {key: value for key, value in settings.items() if key == "isa"}
+    return {key: value for key, value in settings.items() if key in ("isa", "method")}
 
 
 def _tolerances(name: str, options: ExportOptions) -> VerifyOptions:
@@ -355,8 +385,18 @@ def _tolerances(name: str, options: ExportOptions) -> VerifyOptions:
 
 
 def _files(name: str, path: Path) -> list[Path]:
-    """The artifact and the files a target may write beside it."""
-    return [path, *(path.with_name(extra) for extra in TARGET_COMPANIONS.get(name, ()))]
+    """The artifact and the files a target may write beside it (not the encoder's)."""
+    own = set(TARGET_COMPANIONS.get(name, ())) - set(_encoder_names(name))
+    return [path, *(path.with_name(extra) for extra in sorted(own))]
+
+
+def _encoder_names(name: str) -> list[str]:
+    encoder = encoders.ENCODER_FILES.get(name)
+    return [] if encoder is None else [encoder, encoder + ".data"]
+
+
+def _encoder_files(name: str, path: Path) -> list[Path]:
+    return [path.with_name(each) for each in _encoder_names(name)]
 
 
 def _error(name: str, exc: BaseException) -> ErrorBody:

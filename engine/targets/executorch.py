@@ -15,7 +15,7 @@ then `path`. Loading and running execute nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,8 @@ def convert(
     *,
     facts: dict[str, Any] | None = None,
     constant_methods: dict[str, Any] | None = None,
+    method: str = "forward",
+    extra_methods: Mapping[str, torch.export.ExportedProgram] | None = None,
 ) -> Path:
     """Lower `program` to ExecuTorch with XNNPACK and write the `.pte` to `path`.
 
@@ -45,15 +47,24 @@ def convert(
         args, kwargs: its example inputs (unused: the program carries its own).
         path: the file to write.
         facts: filled with `delegated` (nodes handed to XNNPACK), `portable_ops` (ops
-            left to ExecuTorch's portable kernels, with counts), `executorch` (version)
-            and `constant_methods`.
+            left to ExecuTorch's portable kernels, with counts), `executorch` (version),
+            `constant_methods` and, with several methods, `methods`.
         constant_methods: methods of the program that return a constant (an LLM's
             `get_max_seq_len`, `use_kv_cache`, …, which ExecuTorch's LLM runner reads).
+        method: the name of `program`'s method in the `.pte`.
+        extra_methods: more programs, each a method of the same `.pte` (an
+            encoder-decoder model's `encoder` beside its `text_decoder`, as ExecuTorch's
+            ASR runner and optimum-executorch name them).
 
     Returns:
         `path`.
     """
-    unbounded = _unbounded_dims(program)
+    programs = {method: program, **(extra_methods or {})}
+    unbounded = [
+        f"{name}: {dim}" if len(programs) > 1 else dim
+        for name, each in programs.items()
+        for dim in _unbounded_dims(each)
+    ]
     if unbounded:
         from engine.targets import TargetError
 
@@ -73,11 +84,20 @@ def convert(
         from executorch.version import __version__
 
     edge = to_edge_transform_and_lower(
-        program, partitioner=[XnnpackPartitioner()], constant_methods=constant_methods
+        programs if len(programs) > 1 else program,
+        partitioner=[XnnpackPartitioner()],
+        constant_methods=constant_methods,
     )
     if facts is not None:
-        delegated, portable = _partition(edge.exported_program())
+        delegated, portable = 0, dict[str, int]()
+        for name in programs:
+            counted, left = _partition(edge.exported_program(name))
+            delegated += counted
+            for op, count in left.items():
+                portable[op] = portable.get(op, 0) + count
         facts.update(delegated=delegated, portable_ops=portable, executorch=__version__)
+        if len(programs) > 1:
+            facts["methods"] = list(programs)
         if constant_methods:
             facts["constant_methods"] = dict(constant_methods)
     lowered = edge.to_executorch()
@@ -86,22 +106,23 @@ def convert(
     return path
 
 
-def load(path: Path, program: torch.export.ExportedProgram) -> Any:
-    """The `.pte` at `path` in the ExecuTorch runtime, as a runner of flat outputs.
+def load(path: Path, program: torch.export.ExportedProgram, *, method: str = "forward") -> Any:
+    """The `.pte` at `path` in the ExecuTorch runtime, as a runner of flat outputs of
+    its `method`.
 
     The method takes the leaves of `(args, kwargs)` in order (non-tensor ones too).
     Outputs are copied: the runtime reuses its planned memory on the next run.
     """
     from executorch.runtime import Runtime
 
-    method = Runtime.get().load_program(str(path)).load_method("forward")
+    loaded = Runtime.get().load_program(str(path)).load_method(method)
 
     def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
         leaves = [
             leaf.detach().contiguous() if isinstance(leaf, torch.Tensor) else leaf
             for leaf in pytree.tree_leaves((tuple(args), dict(kwargs)))
         ]
-        outputs = method.execute(leaves)
+        outputs = loaded.execute(leaves)
         return [out.clone() if isinstance(out, torch.Tensor) else out for out in outputs]
 
     return run

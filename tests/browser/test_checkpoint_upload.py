@@ -108,3 +108,29 @@ def test_a_llama_folder_for_text_generation_shows_its_generation(
     line = page.wait_for_selector(".generation-check", timeout=60_000)
     assert line.get_attribute("data-matched") == "true"
     assert " ".join(str(token) for token in expected) in (line.text_content() or "")
+
+
+def test_a_t5_folder_exports_and_shows_its_encoder(
+    page: Any, server: Server, tmp_path: Path
+) -> None:
+    """An encoder-decoder checkpoint through the form, the API and a sandboxed worker:
+    two programs, the encoder's verdict on the result page, its file downloadable."""
+    from tests.engine.test_seq2seq import t5
+
+    directory = t5(tmp_path)
+    page.goto("/")
+    page.set_input_files("[data-testid=folder-model]", str(directory))
+    page.wait_for_selector("#task-row:not([hidden])")
+    page.click("#submit")  # the task inferred from T5ForConditionalGeneration
+    job = finished(server, job_id_of(page))
+    assert job["status"] == "succeeded", job["error"]
+    assert {"program.pt2", "encoder.pt2"} <= {a["name"] for a in job["artifacts"]}
+    report = server.api(f"v1/exports/{job['id']}/artifacts/report.json")
+    assert report["checkpoint"]["task"] == "text2text-generation"
+    encoder = report["generation"]["encoder"]
+    assert encoder["roundtrip"]["status"] == "passed"
+    shown = page.wait_for_selector("[data-encoder='encoder.pt2']", timeout=60_000)
+    verdict = shown.query_selector("[data-verdict]")
+    assert verdict is not None and verdict.get_attribute("data-verdict") == "verified"
+    assert "encoder_sequence_length" in (shown.text_content() or "")
+    assert page.wait_for_selector(".generation-check").get_attribute("data-matched") == "true"

@@ -165,3 +165,44 @@ def test_bad_external_data_is_untrusted(
         runner(max_program_bytes=limit)._take_outputs(outputs, tmp_path / "accepted")
     with pytest.raises(_Untrusted):
         runner(max_program_bytes=limit)._take_outputs(outputs)
+
+
+def _with_encoder(out: Path) -> None:
+    """The report says the model is an encoder-decoder one: its encoder.pt2 is expected."""
+    from schemas import EncoderReport, GenerationReport, ReportDocument
+
+    report = ReportDocument.model_validate_json((out / "report.json").read_text())
+    report.generation = GenerationReport(max_cache_len=32, encoder=EncoderReport())
+    (out / "report.json").write_text(report.model_dump_json())
+
+
+def test_an_encoder_program_is_taken_when_the_report_has_an_encoder(
+    outputs: Path, tmp_path: Path
+) -> None:
+    shutil.copy(outputs / "program.pt2", outputs / "encoder.pt2")
+    plain = runner()._take_outputs(outputs, tmp_path / "plain")
+    assert plain is not None and "encoder.pt2" not in plain.files  # no encoder in the report
+    _with_encoder(outputs)
+    accepted = runner()._take_outputs(outputs, tmp_path / "accepted")
+    assert accepted is not None and "encoder.pt2" in accepted.files
+    assert accepted.infos["encoder.pt2"].sha256 == digest(outputs / "encoder.pt2")
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda out: (out / "encoder.pt2").symlink_to(out / "program.pt2"),
+        lambda out: (out / "encoder.pt2").write_bytes(b"not a zip archive"),
+        lambda out: None,  # in the report, not written
+    ],
+    ids=["a link", "not a zip", "missing"],
+)
+def test_a_bad_encoder_program_is_untrusted(
+    outputs: Path, tmp_path: Path, forge: Callable[[Path], object]
+) -> None:
+    _with_encoder(outputs)
+    forge(outputs)
+    with pytest.raises(_Untrusted):
+        runner()._take_outputs(outputs, tmp_path / "accepted")
+    with pytest.raises(_Untrusted):
+        runner()._take_outputs(outputs)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from engine.artifacts import ARTIFACT_NAMES
+from engine.artifacts import ARTIFACT_NAMES, ENCODER, TARGET_FILES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body, validation_items
 from torchport.checkpoints import upload_path
@@ -225,7 +225,7 @@ class _Exporter:
     def _sandboxed(self, model: Path, out: Path, on_progress: Any) -> Any:
         from worker.sandbox import SandboxJob
 
-        for name in ARTIFACT_NAMES:  # never leave a previous run's program next to this report
+        for name in (*ARTIFACT_NAMES, ENCODER, *TARGET_FILES):  # no earlier run's files here
             (out / name).unlink(missing_ok=True)
         if self.refused is not None:
             report = _refused(self.options, self.refused)

@@ -26,6 +26,7 @@ from typing import BinaryIO, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from engine.artifacts import (
+    ENCODER,
     GRAPH,
     PROGRAM,
     REPORT,
@@ -92,7 +93,7 @@ def take_outputs(
     program = produced / PROGRAM
     if into is not None:
         size = 0
-        for name in (PROGRAM, *TARGET_FILES):
+        for name in (PROGRAM, ENCODER, *TARGET_FILES):
             with contextlib.suppress(FileNotFoundError):
                 size += (produced / name).lstat().st_size
         if size > s.early_copy_bytes:
@@ -141,6 +142,10 @@ def take_outputs(
         return Accepted(report, {}, {}, into)
     if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
         raise Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
+    wanted: list[tuple[str, str]] = []
+    if report.generation is not None and report.generation.encoder is not None:
+        # an encoder-decoder model's second program, named by us, never by the report
+        wanted.append(("the encoder program", ENCODER))
     for target, artifact in TARGET_ARTIFACTS.items():
         # Only the artifacts of targets the report says succeeded, and of the files a
         # target may write beside its artifact only those its entry lists; each a
@@ -149,20 +154,21 @@ def take_outputs(
         if result is None or result.status != "succeeded":
             continue
         listed = set(result.artifacts) & set(TARGET_COMPANIONS.get(target, ()))
-        for name in (artifact, *sorted(listed)):
-            magic = ZIP_MAGIC if name.endswith(".pt2") else None
-            if into is None:
-                head = read_regular(produced / name, s.max_program_bytes, whole=False)
-                if head is None:
-                    raise Untrusted(f"target {target} succeeded without {name}")
-                if magic is not None and not head.startswith(magic):
-                    raise Untrusted(f"{name} is not a zip archive")
-                files[name] = produced / name
-            else:
-                copied = copy_regular(produced / name, into / name, s.max_program_bytes, magic)
-                if copied is None:
-                    raise Untrusted(f"target {target} succeeded without {name}")
-                files[name], infos[name] = into / name, copied
+        wanted += [(f"target {target}", name) for name in (artifact, *sorted(listed))]
+    for whose, name in wanted:
+        magic = ZIP_MAGIC if name.endswith(".pt2") else None
+        if into is None:
+            head = read_regular(produced / name, s.max_program_bytes, whole=False)
+            if head is None:
+                raise Untrusted(f"{whose} succeeded without {name}")
+            if magic is not None and not head.startswith(magic):
+                raise Untrusted(f"{name} is not a zip archive")
+            files[name] = produced / name
+        else:
+            copied = copy_regular(produced / name, into / name, s.max_program_bytes, magic)
+            if copied is None:
+                raise Untrusted(f"{whose} succeeded without {name}")
+            files[name], infos[name] = into / name, copied
     return Accepted(report, files, infos, into)
 
 

@@ -154,10 +154,15 @@ function verificationCard(v) {
     rt ? h("p", { "data-roundtrip": rt.status }, h("strong", {}, "Save → load round trip: "), verdict(rt.status), rt.bitwise_equal ? " outputs bitwise equal" : "", rt.reason ? ` (${rt.reason})` : "") : null);
 }
 
-/** A generation-ready export (report.generation): the cache, and the program's greedy generation. */
+/** A generation-ready export (report.generation): the cache, the encoder of an encoder-decoder model, and the program's greedy generation. */
 function generationCard(g) {
+  const e = g.encoder;
   return card("Generation",
     h("p", { class: "muted" }, `A static KV cache of ${g.max_cache_len} tokens (batch ${g.batch_size}) in the program: one method for prefill and decode, inputs ${g.inputs.join(", ")}.`),
+    e ? h("p", { "data-encoder": e.artifact },
+      h("strong", {}, "Encoder: "), h("code", {}, e.artifact), ` (${e.inputs.join(", ")} [${e.input_shape.join(", ")}] → last_hidden_state), run once per input; `,
+      e.verification ? h("span", { "data-verdict": verdictOf(e.verification) }, verdictText(e.verification)) : "not verified",
+      e.roundtrip ? `, round trip ${e.roundtrip.status}` : "") : null,
     g.check ? generationLine(g.check) : h("p", { class: "muted" }, "Not checked: verification is off."));
 }
 
