@@ -33,10 +33,21 @@ def _saved(directory: Path, model_class: str, config_class: str, **config: Any) 
     return directory
 
 
-def _exported(tmp_path: Path, directory: Path, options: dict[str, Any] | None = None) -> Any:
+def _exported(
+    tmp_path: Path,
+    directory: Path,
+    built: tuple[str, str],
+    inputs: list[tuple[str, list[int]]],
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """The export of `directory`, succeeded, for the task and class `built` names, with
+    the example inputs (name, shape) `inputs`."""
     result = export(tmp_path, zip_directory(directory, tmp_path / "ckpt.zip"), options or CHECKED)
     assert result.succeeded, result.report.error
-    assert result.report.checkpoint is not None
+    report = result.report
+    assert report.checkpoint is not None
+    assert (report.checkpoint.task, report.checkpoint.model_class) == built
+    assert [(i.name, i.shape) for i in report.inputs] == inputs
     return result
 
 
@@ -103,14 +114,12 @@ def test_a_checkpoint_with_its_own_code_is_built_from_it(
     assert (directory / "modeling_scaler.py").is_file()
 
     options = {"decomposition": {"mode": "none"}, "verify": {"samples": 1}}
-    report = _exported(tmp_path, directory, options).report
-    assert report.checkpoint.task == "feature-extraction"
+    text = [("input_ids", [2, 16]), ("attention_mask", [2, 16])]
+    built = ("feature-extraction", "ScalerModel")
+    report = _exported(tmp_path, directory, built, text, options).report
     assert report.checkpoint.task_source == "auto_map"
     assert report.checkpoint.remote_code is True
-    assert (report.checkpoint.model_type, report.checkpoint.model_class) == (
-        "tiny-scaler",
-        "ScalerModel",
-    )
+    assert report.checkpoint.model_type == "tiny-scaler"
     assert report.verification.verdict == "verified"
     assert report.verification.roundtrip.status == "passed"  # loads with torch alone
 
@@ -139,14 +148,13 @@ def test_whisper_exports_for_speech_recognition_with_static_frames(tmp_path: Pat
         bos_token_id=1,
         eos_token_id=2,
     )
-    result = _exported(tmp_path, directory)
-    report = result.report
-    assert report.checkpoint.task == "automatic-speech-recognition"
-    assert report.checkpoint.model_class == "WhisperForConditionalGeneration"
-    assert [(i.name, i.shape) for i in report.inputs] == [
+    inputs = [
         ("input_features", [2, 8, 32]),  # num_mel_bins, 2 * max_source_positions
         ("decoder_input_ids", [2, 8]),
     ]
+    built = ("automatic-speech-recognition", "WhisperForConditionalGeneration")
+    result = _exported(tmp_path, directory, built, inputs)
+    report = result.report
     assert dims(result) == {
         "input_features": {"0": BATCH},
         "decoder_input_ids": {
@@ -179,11 +187,9 @@ def test_wav2vec2_ctc_takes_raw_audio_of_any_length(tmp_path: Path) -> None:
         num_conv_pos_embedding_groups=2,
         **WAV2VEC2_CONV,
     )
-    result = _exported(tmp_path, directory)
+    built = ("automatic-speech-recognition", "Wav2Vec2ForCTC")
+    result = _exported(tmp_path, directory, built, [("input_values", [2, 16000])])
     report = result.report
-    assert report.checkpoint.task == "automatic-speech-recognition"
-    assert report.checkpoint.model_class == "Wav2Vec2ForCTC"
-    assert [(i.name, i.shape) for i in report.inputs] == [("input_values", [2, 16000])]
     assert dims(result) == {
         "input_values": {"0": BATCH, "1": {"name": "sequence_length", "min": 1600, "max": 480000}}
     }
@@ -211,12 +217,10 @@ def test_yolos_object_detection_has_a_static_image_size(tmp_path: Path) -> None:
         num_detection_tokens=4,
         num_labels=3,
     )
-    result = _exported(tmp_path, directory)
+    built = ("object-detection", "YolosForObjectDetection")
+    result = _exported(tmp_path, directory, built, [("pixel_values", [2, 3, 32, 32])])
     report = result.report
-    assert report.checkpoint.task == "object-detection"
     assert report.checkpoint.task_source == "architectures"
-    assert report.checkpoint.model_class == "YolosForObjectDetection"
-    assert [(i.name, i.shape) for i in report.inputs] == [("pixel_values", [2, 3, 32, 32])]
     assert dims(result) == {"pixel_values": {"0": BATCH}}  # a patch_size: position embeddings
     assert report.verification.verdict == "verified"
     # logits (3 labels and "no object"), pred_boxes, last_hidden_state; the dims named
@@ -245,11 +249,9 @@ def test_segformer_semantic_segmentation_takes_any_image_size(tmp_path: Path) ->
         num_labels=3,
         image_size=32,
     )
-    result = _exported(tmp_path, directory)
+    built = ("semantic-segmentation", "SegformerForSemanticSegmentation")
+    result = _exported(tmp_path, directory, built, [("pixel_values", [2, 3, 32, 32])])
     report = result.report
-    assert report.checkpoint.task == "semantic-segmentation"
-    assert report.checkpoint.model_class == "SegformerForSemanticSegmentation"
-    assert [(i.name, i.shape) for i in report.inputs] == [("pixel_values", [2, 3, 32, 32])]
     assert dims(result) == {
         "pixel_values": {
             "0": BATCH,
