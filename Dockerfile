@@ -54,7 +54,8 @@ COPY service ./service
 COPY worker ./worker
 COPY torchport ./torchport
 # The model libraries uploads may import (`torchport env` lists them): the `models` extra
-# (transformers, diffusers), then timm without its dependencies, because pip would
+# (transformers, diffusers, peft: peft and accelerate ask for any torch >= 2.0, which the one
+# above meets), then timm without its dependencies, because pip would
 # otherwise resolve timm's torchvision against PyPI, whose wheels are CUDA builds. Nothing
 # here may replace the torch and torchvision installed above.
 # The deployment targets (docs/targets.md): the `targets` extra (ONNX), then ExecuTorch
@@ -65,7 +66,7 @@ RUN pip install '.[models,targets]' \
  && pip install --no-deps executorch==1.4.1 torchao==0.18.0 \
  && pip install ruamel.yaml==0.19.1 tabulate==0.10.0 \
  && python -c "import engine, persistence, service, worker, torchport" \
- && python -c "import torch, torchvision, timm, transformers, diffusers; assert torch.__version__.startswith('${TORCH_VERSION}')"
+ && python -c "import torch, torchvision, timm, transformers, diffusers, peft; assert torch.__version__.startswith('${TORCH_VERSION}')"
 
 # -------------------------------------------------------------- runtime stage
 FROM ${PYTHON_IMAGE} AS runtime

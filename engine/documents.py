@@ -421,8 +421,8 @@ def model_summary(ep: ExportedProgram, names: DimNames | None = None) -> ModelSu
     signature = ep.graph_signature
     parameters: Counter[str] = Counter()
     buffers: Counter[str] = Counter()
-    for names, counter in ((signature.parameters, parameters), (signature.buffers, buffers)):
-        for name in names:
+    for keys, counter in ((signature.parameters, parameters), (signature.buffers, buffers)):
+        for name in keys:
             tensor = ep.state_dict.get(name)
             if tensor is None:
                 tensor = ep.constants.get(name)  # non-persistent buffers live there

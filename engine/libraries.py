@@ -43,6 +43,7 @@ LOAD_CHECKS: dict[str, str] = {
     # modeling code and torch, which is where a mismatch with torch shows.
     "transformers": "import transformers; transformers.PreTrainedModel",
     "diffusers": "import diffusers; diffusers.ModelMixin",
+    "peft": "import peft",
     "timm": "import timm; timm.create_model",
     "huggingface-hub": "import huggingface_hub",
     "tokenizers": "import tokenizers",

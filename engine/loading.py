@@ -122,6 +122,9 @@ def load(
     source_map = SourceMap(root)
     files, unpacked = place_files(upload.model, root, options.entry)
     base = checkpoint.checkpoint_base(files, options.entry) if unpacked else None
+    adapter_only = checkpoint.adapter_only_base(files, options.entry) if unpacked else None
+    if adapter_only is not None:
+        checkpoint.refuse_adapter_only(root / adapter_only)
     if base is not None:
         return checkpoint.load_checkpoint(
             upload,

@@ -54,6 +54,7 @@ from schemas.options import (
 )
 from schemas.progress import Progress
 from schemas.report import (
+    AdapterReport,
     ArtifactInfo,
     CheckpointReport,
     DecompositionReport,
@@ -87,6 +88,7 @@ __all__ = [
     "MODEL_LIBRARIES",
     "SCHEMA_VERSION",
     "STAGES",
+    "AdapterReport",
     "AotiOptions",
     "ArgSpec",
     "ArtifactInfo",

@@ -13,6 +13,7 @@ MODEL_LIBRARIES: tuple[str, ...] = (
     "torchvision",
     "transformers",
     "diffusers",
+    "peft",
     "timm",
     "huggingface-hub",
     "tokenizers",

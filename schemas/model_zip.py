@@ -5,6 +5,11 @@ whose base level (its root, or the one folder it holds) has a `config.json` and 
 `model.py`. The API decides it from the zip's directory before anything runs, to pick the
 size limits a checkpoint gets; the engine decides it from the same names before it
 unpacks, and again on the files unpacked. One rule, written once, here: plain Python.
+
+A checkpoint may carry a PEFT adapter (`adapter_config.json` and
+`adapter_model.safetensors`, as `PeftModel.save_pretrained` writes them) in a sub-folder
+of its base level, merged into the model before export. A zip whose base level is an
+adapter alone (`adapter_config.json`, no `config.json`) lacks the base model.
 """
 
 from __future__ import annotations
@@ -12,12 +17,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 CONFIG = "config.json"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 IGNORED_TOP_FOLDERS = frozenset({"__MACOSX"})
 """Folders a zip's unpacked files never include (macOS's resource forks)."""
 
 __all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
     "CONFIG",
     "IGNORED_TOP_FOLDERS",
+    "adapter_folders",
+    "adapter_only_base",
     "base_level",
     "checkpoint_base",
     "member_parts",
@@ -59,5 +70,29 @@ def checkpoint_base(files: list[str], entry: str | None) -> str | None:
         return None
     base = base_level(files)
     if f"{base}{CONFIG}" in files and f"{base}model.py" not in files:
+        return base
+    return None
+
+
+def adapter_folders(files: list[str], base: str) -> list[str]:
+    """The sub-folders of the checkpoint's `base` ("" or `"top/"`) that hold an
+    `adapter_config.json` directly (`"adapter"`, relative to `base`), sorted."""
+    found = set()
+    for name in files:
+        if not name.startswith(base):
+            continue
+        parts = name[len(base) :].split("/")
+        if len(parts) == 2 and parts[1] == ADAPTER_CONFIG:
+            found.add(parts[0])
+    return sorted(found)
+
+
+def adapter_only_base(files: list[str], entry: str | None) -> str | None:
+    """The base level ("" or `"top/"`) of a zip that holds a PEFT adapter but neither its
+    base checkpoint (`config.json`) nor Python source, or None for any other zip."""
+    if entry is not None or any(f.endswith(".py") for f in files):
+        return None
+    base = base_level(files)
+    if f"{base}{ADAPTER_CONFIG}" in files and f"{base}{CONFIG}" not in files:
         return base
     return None

@@ -153,6 +153,14 @@ class ExportOptions(StrictModel):
         "task whose model class is built from the config; null infers it from "
         "`config.architectures`. Ignored for Python uploads.",
     )
+    adapter: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        default=None,
+        description="For a checkpoint upload: the folder of the zip, relative to the "
+        "checkpoint's `config.json`, holding the PEFT adapter (`adapter_config.json`, "
+        "`adapter_model.safetensors`) merged into the model before export; null: the one "
+        "sub-folder with an `adapter_config.json`, if there is one. Ignored for Python "
+        "uploads.",
+    )
     strict: bool | Literal["auto"] = False
     dynamic_shapes: DynamicShapesSpec | None = None
     auto_fix_dynamic_shapes: bool = True
@@ -204,6 +212,16 @@ class ExportOptions(StrictModel):
             if requirement.url is not None:
                 raise ValueError(f"{value!r}: requirements name installed packages, not URLs")
         return [value.strip() for value in values]
+
+    @field_validator("adapter")
+    @classmethod
+    def _relative_folder(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = [part for part in value.replace("\\", "/").split("/") if part not in ("", ".")]
+        if value.startswith(("/", "\\")) or not parts or ".." in parts:
+            raise ValueError('adapter names a folder inside the zip, e.g. "adapter"')
+        return "/".join(parts)
 
     @field_validator("targets")
     @classmethod

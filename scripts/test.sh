@@ -23,7 +23,8 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 # torch first; nothing after it may replace it. The `models` extra (transformers,
-# diffusers: the real-model tests need them) names no torch, and timm and torchvision are
+# diffusers, peft: the real-model and adapter tests need them) asks for no torch but any
+# >= 2.0 (peft, accelerate), which the one installed meets, and timm and torchvision are
 # not in it: pip would take timm's torchvision from PyPI, built for (and pulling in) a
 # CUDA torch. `pip install --dry-run -e '.[test,models]'` lists only torchport.
 pip install -q torch==2.13.0

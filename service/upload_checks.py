@@ -105,6 +105,13 @@ def _validate_zip(path: Path, size: int, entry: str | None, max_model_bytes: int
             "model zip has paths outside itself", details={"field": "model", "reason": "zip_slip"}
         )
     if entry is None:
+        if model_zip.adapter_only_base(files, entry) is not None:
+            raise InvalidRequest(
+                "model zip holds a PEFT adapter but not the base checkpoint it adapts",
+                hint="torchport does not download models: zip the base's save_pretrained files "
+                "(config.json and weights) with the adapter in a sub-folder beside them.",
+                details={"field": "model", "reason": "adapter_without_base"},
+            )
         if limit == "model" and not any(name.endswith(".py") for name in names):
             raise InvalidRequest(
                 "model zip holds no .py file and no checkpoint config.json",

@@ -82,3 +82,70 @@ def test_an_unknown_task_is_a_usage_error(
     error = json.loads(capsys.readouterr().out)
     assert error["code"] == "invalid_request"
     assert [e["field"] for e in error["details"]["errors"]] == ["task"]
+
+
+def _adapter(directory: Path, base: str | None = None) -> Path:
+    directory.mkdir(parents=True)
+    config = {"peft_type": "LORA", "base_model_name_or_path": base}
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    for name in ("adapter_model.safetensors", "README.md", "tokenizer.json"):
+        (directory / name).write_text("{}")
+    return directory
+
+
+def _members(archive: Path) -> list[str]:
+    with zipfile.ZipFile(archive) as zf:
+        return zf.namelist()
+
+
+def test_adapter_folders_are_zipped_with_the_checkpoint(tmp_path: Path) -> None:
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (directory / name).write_text("{}")
+    _adapter(directory / "lora")
+    (directory / "runs").mkdir()  # a folder without an adapter stays behind
+    (directory / "runs" / "events.out").write_text("x")
+    said: list[str] = []
+    archive = upload_path(directory, tmp_path, said.append)
+    assert _members(archive) == [
+        "config.json",
+        "model.safetensors",
+        "lora/adapter_config.json",
+        "lora/adapter_model.safetensors",
+    ]
+    assert len(said) == 1 and "lora/adapter_model.safetensors" in said[0]
+
+    elsewhere = _adapter(tmp_path / "elsewhere" / "my-lora")  # --adapter: only that one
+    archive = upload_path(directory, tmp_path / "elsewhere", said.append, elsewhere)
+    assert _members(archive)[2:] == [
+        "my-lora/adapter_config.json",
+        "my-lora/adapter_model.safetensors",
+    ]
+
+
+def test_an_adapter_directory_goes_with_its_local_base(tmp_path: Path) -> None:
+    base = bert(tmp_path)
+    with_base = _adapter(tmp_path / "with-base", str(base))
+    assert _members(upload_path(with_base, tmp_path, [].append)) == [
+        "config.json",
+        "model.safetensors",
+        "with-base/adapter_config.json",
+        "with-base/adapter_model.safetensors",
+    ]
+    alone = _adapter(tmp_path / "alone", "meta-llama/Llama-3.2-1B")  # the engine refuses it
+    assert _members(upload_path(alone, tmp_path, [].append)) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+
+
+def test_an_adapter_that_is_no_adapter_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["export", str(bert(tmp_path)), "--adapter", str(tmp_path), "--json", "--no-sandbox"]
+    )
+    assert code == 2
+    error = json.loads(capsys.readouterr().out)
+    assert (error["code"], error["details"]["argument"]) == ("invalid_request", "--adapter")

@@ -2,11 +2,13 @@
 
 `detection` finds the checkpoint among the unpacked files (no transformers needed),
 `tasks` maps tasks to transformers' auto classes and infers the task from the config,
-`example_inputs` makes the inputs and the dynamic shapes of a task, and `building`
-builds the model, loads its weights and hands the loading stage a `LoadedModel`.
+`example_inputs` makes the inputs and the dynamic shapes of a task, `adapters` finds a
+PEFT adapter beside the checkpoint and merges it, and `building` builds the model, loads
+its weights and hands the loading stage a `LoadedModel`.
 """
 
+from engine.checkpoint.adapters import refuse_adapter_only
 from engine.checkpoint.building import load_checkpoint
-from engine.checkpoint.detection import checkpoint_base
+from engine.checkpoint.detection import adapter_only_base, checkpoint_base
 
-__all__ = ["checkpoint_base", "load_checkpoint"]
+__all__ = ["adapter_only_base", "checkpoint_base", "load_checkpoint", "refuse_adapter_only"]

@@ -6,7 +6,8 @@ safetensors weights (one file or shards with `model.safetensors.index.json`) are
 without pickle; only a checkpoint without safetensors falls back to `pytorch_model.bin`
 (read by transformers with `torch.load(weights_only=True)`), and a checkpoint whose
 code is in the zip (`auto_map`) is imported with `trust_remote_code`. Both happen here,
-in the engine, which the services only run inside the sandbox.
+in the engine, which the services only run inside the sandbox. A PEFT adapter in a
+sub-folder (`adapters`) is merged into the model before its inputs are made.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from engine import libraries as library_index
+from engine.checkpoint.adapters import find_adapter, merge_adapter
 from engine.checkpoint.detection import CONFIG
 from engine.checkpoint.example_inputs import max_sequence, task_inputs
 from engine.checkpoint.tasks import TaskChoice, choose_task, supported_tasks
@@ -34,7 +36,7 @@ from engine.generation import Generation, make_ready, make_seq2seq_ready
 from engine.inputs import read_inputs
 from engine.model import LoadedModel, Upload
 from engine.source_map import SourceMap
-from schemas import CheckpointReport, ExportOptions
+from schemas import AdapterReport, CheckpointReport, ExportOptions
 
 __all__ = ["load_checkpoint"]
 
@@ -56,19 +58,23 @@ def load_checkpoint(
     Raises:
         ExportError: `model_import_failed` (transformers missing), `model_not_found`
             (config unreadable, model type or architecture unknown), `invalid_request`
-            (a task the architecture cannot do: `details.supported_tasks`),
-            `invalid_inputs` (no weights, unreadable weights), `weights_mismatch`,
-            `eager_run_failed`.
+            (a task the architecture cannot do: `details.supported_tasks`; an adapter
+            not found, ambiguous or not mergeable), `environment_mismatch` (an adapter
+            without peft), `invalid_inputs` (no weights, unreadable weights or adapter),
+            `weights_mismatch` (also an adapter that does not fit), `eager_run_failed`.
     """
     before = set(sys.modules)
+    adapter: AdapterReport | None = None
     try:
-        model, config, choice, loading_info = _build(directory, options)
+        model, config, choice, loading_info, adapter = _build(directory, options)
     finally:
         if libraries is not None:
             libraries.update(library_index.imported_libraries(before))
-            version = getattr(sys.modules.get("transformers"), "__version__", None)
-            if version:  # imported earlier (the zygote preloads it): still what built it
-                libraries["transformers"] = str(version)
+            # imported earlier (the zygote preloads transformers): still what built it
+            for name in ("transformers", "peft") if adapter is not None else ("transformers",):
+                version = getattr(sys.modules.get(name), "__version__", None)
+                if version:
+                    libraries[name] = str(version)
     generated = upload.inputs is None
     generation: Generation | None = None
     if generated and _generation_ready(choice, options):
@@ -112,6 +118,7 @@ def load_checkpoint(
         remote_code=bool(getattr(config, "auto_map", None)),
         newly_initialized=sorted(loading_info.get("missing_keys", ()))[:MAX_LISTED],
         generated_inputs=generated,
+        adapter=adapter,
     )
     return LoadedModel(
         module=model,
@@ -151,7 +158,7 @@ def _transformers() -> Any:
 
 def _build(
     directory: Path, options: ExportOptions
-) -> tuple[torch.nn.Module, Any, TaskChoice, dict[str, Any]]:
+) -> tuple[torch.nn.Module, Any, TaskChoice, dict[str, Any], AdapterReport | None]:
     try:
         transformers = _transformers()
     except ImportError as exc:
@@ -201,7 +208,10 @@ def _build(
                 "supported_tasks": tasks,
             },
         )
-    choice = choose_task(options.task, config.model_type, architectures, auto_map)
+    adapter = find_adapter(directory, options.adapter)
+    choice = choose_task(
+        options.task, config.model_type, architectures, auto_map, adapter.task if adapter else None
+    )
     if choice is None:
         raise ModelNotFound(
             "No task can be inferred from the checkpoint's architectures "
@@ -222,7 +232,21 @@ def _build(
         config.use_cache = False  # the plain forward (logits); no KV cache
     auto_class = getattr(transformers, choice.loader.auto_class)
     model, info = _from_pretrained(auto_class, directory, config, remote)
-    return model.eval(), config, choice, info
+    if adapter is None:
+        return model.eval(), config, choice, info, None
+    model, report = merge_adapter(model, adapter, lambda exc: source_text(exc, directory))
+    # a head the adapter holds whole (`modules_to_save`) was not left at random
+    info["missing_keys"] = [
+        key
+        for key in info.get("missing_keys", ())
+        if not any(_under(key, module) for module in report.modules_to_save)
+    ]
+    return model, config, choice, info, report
+
+
+def _under(key: str, module: str) -> bool:
+    """Whether the parameter `key` (`score.weight`) belongs to a module named `module`."""
+    return f".{module}." in f".{key.rsplit('.', 1)[0]}."
 
 
 def _from_pretrained(

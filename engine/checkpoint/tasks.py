@@ -4,7 +4,8 @@ The task names and the inference from `config.architectures` follow optimum
 (`TasksManager.infer_task_from_model`): the architecture's class is looked up in the
 auto classes' model mappings of the config's `model_type`; the first task (in the
 order of `TASKS`) whose mapping names it wins. A checkpoint with its own code
-(`auto_map`) supports the tasks whose auto class `auto_map` names.
+(`auto_map`) supports the tasks whose auto class `auto_map` names. A PEFT adapter's
+`task_type` (`SEQ_CLS`, …) comes before the architectures: its head is the adapter's.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class TaskChoice:
     """The task chosen, how, and the auto class that builds it."""
 
     task: str
-    source: Literal["options", "architectures", "auto_map"]
-    """`options`, `architectures` or `auto_map` (the report's `checkpoint.task_source`)."""
+    source: Literal["options", "architectures", "auto_map", "adapter"]
+    """`options`, `architectures`, `auto_map` or `adapter` (the report's
+    `checkpoint.task_source`)."""
     loader: Loader
 
 
@@ -107,9 +109,11 @@ def choose_task(
     model_type: str,
     architectures: list[str],
     auto_map: Mapping[str, Any],
+    adapter_task: str | None = None,
 ) -> TaskChoice | None:
-    """The task to export for: `requested`, else the first task whose mapping (or
-    `auto_map`) names one of `architectures`; None when none does.
+    """The task to export for: `requested`, else `adapter_task` (a PEFT adapter's) where
+    the checkpoint supports it, else the first task whose mapping (or `auto_map`) names
+    one of `architectures`; None when none does.
 
     Raises:
         KeyError: `requested` is a task this checkpoint does not support.
@@ -117,6 +121,8 @@ def choose_task(
     available = loaders(model_type, auto_map)
     if requested is not None:
         return TaskChoice(requested, "options", available[requested])
+    if adapter_task is not None and adapter_task in available:
+        return TaskChoice(adapter_task, "adapter", available[adapter_task])
     for architecture in architectures:
         for task, loader in available.items():
             if loader.auto_class in auto_map:

@@ -24,9 +24,11 @@ FAST = {"verify": {"enabled": False}, "decomposition": {"mode": "none"}}
 
 
 def zip_directory(directory: Path, archive: Path, *, folder: str | None = "ckpt") -> Path:
+    """The files of `directory` and its sub-folders, under `folder` (or at the root)."""
     with zipfile.ZipFile(archive, "w") as zf:
-        for path in sorted(directory.iterdir()):
-            zf.write(path, f"{folder}/{path.name}" if folder else path.name)
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            name = path.relative_to(directory).as_posix()
+            zf.write(path, f"{folder}/{name}" if folder else name)
     return archive
 
 
@@ -178,7 +180,7 @@ def test_a_head_of_another_task_is_reported_as_newly_initialized(tmp_path: Path)
 # --- errors -----------------------------------------------------------------------------
 
 
-def _error(result: ExportResult) -> tuple[str, str | None, dict[str, Any]]:
+def failure(result: ExportResult) -> tuple[str, str | None, dict[str, Any]]:
     assert not result.succeeded and result.report.error is not None
     error = result.report.error
     return error.code, error.stage, error.details
@@ -187,13 +189,13 @@ def _error(result: ExportResult) -> tuple[str, str | None, dict[str, Any]]:
 def test_a_zip_without_config_or_source_is_refused(tmp_path: Path) -> None:
     directory = bert(tmp_path)
     (directory / "config.json").unlink()
-    code, stage, details = _error(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
+    code, stage, details = failure(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
     assert (code, stage, details["reason"]) == ("invalid_request", "loading", "no_model")
 
 
 def test_a_task_the_architecture_cannot_do_lists_the_ones_it_can(tmp_path: Path) -> None:
     archive = zip_directory(vit(tmp_path), tmp_path / "vit.zip")
-    code, stage, details = _error(export(tmp_path, archive, {**FAST, "task": "fill-mask"}))
+    code, stage, details = failure(export(tmp_path, archive, {**FAST, "task": "fill-mask"}))
     assert (code, stage, details["reason"]) == ("invalid_request", "loading", "task_not_supported")
     assert details["task"] == "fill-mask" and details["model_type"] == "vit"
     assert "image-classification" in details["supported_tasks"]
@@ -205,7 +207,7 @@ def test_an_unknown_architecture_asks_for_the_task(tmp_path: Path) -> None:
     config = json.loads((directory / "config.json").read_text())
     config["architectures"] = ["BertForSomethingElse"]
     (directory / "config.json").write_text(json.dumps(config))
-    code, stage, details = _error(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
+    code, stage, details = failure(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
     assert (code, stage, details["reason"]) == (
         "model_not_found",
         "loading",
@@ -218,7 +220,7 @@ def test_an_unknown_architecture_asks_for_the_task(tmp_path: Path) -> None:
 def test_an_unknown_model_type_is_model_not_found(tmp_path: Path) -> None:
     directory = bert(tmp_path)
     (directory / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
-    code, stage, details = _error(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
+    code, stage, details = failure(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
     assert (code, stage, details["reason"]) == ("model_not_found", "loading", "unknown_model_type")
     assert details["model_type"] == "no-such-model"
 
@@ -226,7 +228,7 @@ def test_an_unknown_model_type_is_model_not_found(tmp_path: Path) -> None:
 def test_a_checkpoint_without_weights_is_invalid_inputs(tmp_path: Path) -> None:
     directory = bert(tmp_path)
     (directory / "model.safetensors").unlink()
-    code, stage, details = _error(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
+    code, stage, details = failure(export(tmp_path, zip_directory(directory, tmp_path / "x.zip")))
     assert (code, stage, details["reason"]) == ("invalid_inputs", "loading", "no_weights")
 
 

@@ -182,3 +182,23 @@ def test_the_api_says_which_limit_applied(
     assert body["code"] == "upload_too_large"
     assert body["details"] == {"field": "model", "limit_bytes": limit_bytes, "limit": limit}
     assert small_limits.get("/v1/exports").json()["items"] == []
+
+
+@pytest.mark.parametrize("prefix", ["", "my-lora/"])
+def test_an_adapter_without_its_base_is_refused(tmp_path: Path, prefix: str) -> None:
+    adapter = {f"{prefix}adapter_config.json": b"{}", f"{prefix}adapter_model.safetensors": b"x"}
+    form = _form(tmp_path, adapter)
+    with pytest.raises(InvalidRequest) as caught:
+        validate_uploads(form, parse_job(form).options, max_model_bytes=MODEL_LIMIT)
+    assert (caught.value.code, caught.value.details["reason"]) == (
+        "invalid_request",
+        "adapter_without_base",
+    )
+
+
+def test_a_checkpoint_with_an_adapter_folder_is_a_checkpoint(tmp_path: Path) -> None:
+    members = _checkpoint(extra={"my-bert/lora/adapter_config.json": b"{}"})
+    form = _form(tmp_path, {**members, "my-bert/lora/adapter_model.safetensors": WEIGHTS})
+    assert form.files["model"].size > MODEL_LIMIT
+    options = parse_job(form).options
+    validate_uploads(form, options, max_model_bytes=MODEL_LIMIT)

@@ -23,7 +23,7 @@ from rich.markup import escape
 from engine.artifacts import ARTIFACT_NAMES, ENCODER, TARGET_FILES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body, validation_items
-from torchport.checkpoints import upload_path
+from torchport.checkpoints import UnusableAdapter, upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 from torchport.summary import render_summary
 
@@ -54,7 +54,23 @@ def run(args: argparse.Namespace) -> int:
     """Validate the request, run the export, print a summary; return the exit code."""
     err = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="torchport-checkpoints-") as zips:
-        models = [upload_path(m, Path(zips), _say(err)) for m in [args.model, *args.more_models]]
+        try:
+            if args.adapter is not None and args.more_models:
+                raise UnusableAdapter("--adapter belongs to one checkpoint; several were given")
+            models = [
+                upload_path(m, Path(zips), _say(err), adapter=args.adapter)
+                for m in [args.model, *args.more_models]
+            ]
+        except UnusableAdapter as exc:
+            body = ErrorBody(
+                code="invalid_request",
+                message=str(exc),
+                hint="Give --adapter a directory written by PeftModel.save_pretrained, with "
+                "a single checkpoint directory as MODEL.",
+                details={"argument": "--adapter", "path": str(args.adapter)},
+            )
+            _print_error(body, args.json, err)
+            return EXIT_USAGE
         return _run(args, models, err)
 
 

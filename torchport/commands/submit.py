@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import STAGES
-from torchport.checkpoints import upload_path
+from torchport.checkpoints import UnusableAdapter, upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 
 
@@ -67,8 +67,18 @@ def run(args: argparse.Namespace) -> int:
         tempfile.TemporaryDirectory(prefix="torchport-checkpoints-") as zips,
     ):
         try:
+            try:
+                model = upload_path(
+                    args.model,
+                    Path(zips),
+                    lambda text: console.print(escape(text)),
+                    adapter=args.adapter,
+                )
+            except UnusableAdapter as exc:
+                console.print(f"torchport submit: {escape(str(exc))}")
+                return 2
             job = client.submit(
-                upload_path(args.model, Path(zips), lambda text: console.print(escape(text))),
+                model,
                 inputs=args.inputs,
                 weights=args.weights,
                 options=options or None,

@@ -20,6 +20,14 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
         help="for a checkpoint: the task to export for, e.g. fill-mask, text-generation "
         "(default: inferred from config.architectures)",
     )
+    parser.add_argument(
+        "--adapter",
+        type=Path,
+        metavar="DIR",
+        help="for a checkpoint directory: the PEFT adapter directory (adapter_config.json, "
+        "adapter_model.safetensors) to merge before export, sent in the zip instead of the "
+        "checkpoint's own adapter sub-folders",
+    )
     parser.add_argument("--inputs", type=Path, help="example inputs: .safetensors, .pt or .json")
     parser.add_argument("--weights", type=Path, help="state dict: .safetensors or .pt")
     parser.add_argument("--options", help="export options: JSON text or a .json file")
