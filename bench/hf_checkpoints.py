@@ -6,8 +6,10 @@ fresh process each, on checkpoints written here with random weights.
     python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m]
 
 `checkpoints`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`
-(whether the program and each target generate eager transformers' tokens), and BERT and
-ViT checkpoints with no task given (the task inferred; each target's verdict).
+(whether the program and each target generate eager transformers' tokens), BERT and ViT
+checkpoints with no task given (the task inferred; each target's verdict), and T5 and
+Whisper with no task given (encoder-decoder, two programs, generation checked).
+`--only t5,whisper` runs some rows of either suite.
 `real-size`: a ~250M-parameter Llama (generation-ready, static cache of 1024 tokens) and
 ViT-base (86M, image-classification); torchport's stage times and peak memory against a
 cold plain-torch script doing load → export (transformers' static-cache recipe for the
@@ -76,6 +78,52 @@ OTHER: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
 }
 """Checkpoints exported with no task given: the task is inferred from the architecture."""
+
+SEQ2SEQ: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "t5": (
+        "T5Config",
+        "T5ForConditionalGeneration",
+        {
+            "vocab_size": 96,
+            "d_model": 32,
+            "d_kv": 8,
+            "d_ff": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+            "decoder_start_token_id": 0,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "n_positions": 64,
+        },
+    ),
+    "whisper": (
+        "WhisperConfig",
+        "WhisperForConditionalGeneration",
+        {
+            "vocab_size": 96,
+            "d_model": 32,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 64,
+            "decoder_ffn_dim": 64,
+            "num_mel_bins": 16,
+            "max_source_positions": 24,
+            "max_target_positions": 48,
+            "decoder_start_token_id": 1,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "suppress_tokens": None,
+            "begin_suppress_tokens": None,
+        },
+    ),
+}
+"""Encoder-decoder checkpoints, no task given: two programs, generation-ready. Their
+weights are redrawn wide (`_save(widen=True)`, as tests/engine/test_seq2seq.py does): at
+the default init a tiny random decoder repeats one token and its check would prove
+nothing."""
 TINY_COMMON = {
     "vocab_size": 96,
     "hidden_size": 32,
@@ -139,12 +187,24 @@ print(json.dumps({"times": t, "peak_mb": peak}))
 """
 
 
-def _save(directory: Path, config_class: str, model_class: str, config: dict[str, Any]) -> int:
+def _save(
+    directory: Path,
+    config_class: str,
+    model_class: str,
+    config: dict[str, Any],
+    *,
+    widen: bool = False,
+) -> int:
     import torch
     import transformers
 
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+    if widen:
+        sys.path.insert(0, str(ROOT))
+        from tests.engine.test_seq2seq import widen as redraw
+
+        redraw(model)
     model.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
 
@@ -178,19 +238,24 @@ def _cell(result: dict[str, Any]) -> str:
     return f"{result['status']}, {verdict}" if verdict else result["status"]
 
 
-def checkpoints(targets: list[str], timeout: float) -> None:
+def checkpoints(targets: list[str], timeout: float, only: list[str] | None = None) -> None:
     print(
         "| checkpoint | parameters | task (source) | program | "
         + " | ".join(targets)
         + " | torchport s |"
     )
     print("|---|---|---|---|" + "---|" * len(targets) + "---|")
-    rows = [(n, c, m, {**TINY_COMMON, **e}, "text-generation") for n, (c, m, e) in TINY.items()]
+    rows: list[tuple[str, str, str, dict[str, Any], str | None]] = [
+        (n, c, m, {**TINY_COMMON, **e}, "text-generation") for n, (c, m, e) in TINY.items()
+    ]
     rows += [(n, c, m, e, None) for n, (c, m, e) in OTHER.items()]
+    rows += [(n, c, m, e, None) for n, (c, m, e) in SEQ2SEQ.items()]
     for name, config_class, model_class, config, task in rows:
+        if only and name not in only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / name
-            count = _save(directory, config_class, model_class, config)
+            count = _save(directory, config_class, model_class, config, widen=name in SEQ2SEQ)
             report, wall = _torchport(directory, task, Path(tmp) / "out", targets, timeout)
         checkpoint = report.get("checkpoint") or {}
         chosen = f"{checkpoint.get('task')} ({checkpoint.get('task_source')})"
@@ -257,7 +322,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
     if args.suite == "checkpoints":
-        checkpoints([t for t in args.targets.split(",") if t], args.timeout)
+        only = args.only.split(",") if args.only else None
+        checkpoints([t for t in args.targets.split(",") if t], args.timeout, only)
     else:
         real_size(args.only.split(",") if args.only else None, args.timeout)
 
