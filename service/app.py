@@ -30,7 +30,7 @@ from service.deps import AppState
 from service.errors import Forbidden, install_error_handlers
 from service.jobs import engine_fingerprint
 from service.metrics import Metrics
-from service.routes import environment, exports, health
+from service.routes import artifact_zip, environment, exports, health
 from service.settings import ServiceSettings
 from service.streams import EventHub, StreamLimiter
 
@@ -238,6 +238,7 @@ def create_app(settings: ServiceSettings | None = None, state: AppState | None =
         app.state.torchport = state
     install_error_handlers(app)
     app.include_router(exports.router)
+    app.include_router(artifact_zip.router)
     app.include_router(environment.router)
     app.include_router(health.router)
     web.mount(app)  # the browser pages at / and /web/ (after the API routes)

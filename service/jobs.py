@@ -335,6 +335,22 @@ def find_artifact(session: Session, job: Job, name: str) -> Artifact:
     )
 
 
+def finished_artifacts(job: Job) -> list[Artifact]:
+    """Every artifact of a finished job (none for a job canceled while queued).
+
+    Raises:
+        Conflict: the job has not finished yet.
+        Expired: the job's files are gone (its retention time passed).
+    """
+    if job.status not in TERMINAL_STATUSES:
+        raise Conflict(
+            f"job {job.id} is {job.status}: artifacts are ready when it finishes",
+            details={"job_id": job.id, "status": job.status},
+        )
+    _check_kept(job)
+    return list(job.artifacts)
+
+
 @dataclass(frozen=True)
 class StoredUpload:
     """A file uploaded with a job: its form field, its (sanitized) name and its blob."""
