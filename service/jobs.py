@@ -19,6 +19,7 @@ from pydantic_core import from_json
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, selectinload
 
+from persistence import job_metrics
 from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from persistence.queue import queue_for
 from persistence.records import job_uploads, next_seq, record_spec
@@ -233,6 +234,7 @@ def submit(
                     created_at=now,
                 )
             )
+        job_metrics.cache_hit(session)
         session.flush()
         return Submission(job=job, enqueue=False)
     # Limits are per key; a keyless server is loopback-only and its one user is not limited.
@@ -296,6 +298,9 @@ def cancel(session: Session, job_id: str, caller: Caller) -> Job:
         job.error_json = canceled().model_dump_json()
         session.add(
             StageEventRow(job_id=job.id, seq=next_seq(session, job.id), status="canceled", at=now)
+        )
+        job_metrics.job_ended(
+            session, status="canceled", code="canceled", created_at=job.created_at, finished_at=now
         )
     session.flush()
     return get_job(session, job_id, caller)

@@ -27,6 +27,7 @@ from tests.service.conftest import (
     MODELS,
     REDIS_URL,
     ROOT,
+    TRUNCATE_ALL,
     make_settings,
     pg_url,
     redis_prefix,
@@ -85,7 +86,7 @@ def server(
     tmp = tmp_path_factory.mktemp("cli-jobs")
     state = build_state(make_settings(tmp, pg_url, redis_prefix + "cli:"))
     with state.engine.begin() as conn:
-        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys, blobs CASCADE"))
+        conn.execute(text(TRUNCATE_ALL))
     with transaction(state.sessions) as session:
         alice = auth.create_key(session, "alice").secret
         bob = auth.create_key(session, "bob").secret
@@ -98,7 +99,7 @@ def server(
     finally:
         stack.stop()
         with state.engine.begin() as conn:
-            conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys, blobs CASCADE"))
+            conn.execute(text(TRUNCATE_ALL))
         state.engine.dispose()
 
 
