@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from persistence.database import upsert
 from persistence.models import MetricTotal
 from schemas import ReportDocument
 
@@ -82,9 +82,7 @@ def add(session: Session, tally: Tally) -> None:
         {"family": family, "sample": sample, "labels": labels, "value": value}
         for (family, sample, labels), value in sorted(tally.additions.items())
     ]
-    postgres = session.get_bind().dialect.name == "postgresql"
-    insert = postgresql.insert if postgres else sqlite.insert
-    statement = insert(MetricTotal).values(rows)
+    statement = upsert(session, MetricTotal).values(rows)
     session.execute(
         statement.on_conflict_do_update(
             index_elements=["family", "sample", "labels"],

@@ -358,13 +358,6 @@ def recover_lost_jobs(
                     code="canceled", message="canceled by the user"
                 ).model_dump_json()
                 add_event(session, job.id, "canceled")
-                job_metrics.job_ended(
-                    session,
-                    status="canceled",
-                    code="canceled",
-                    created_at=job.created_at,
-                    finished_at=now,
-                )
             elif job.attempts < MAX_ATTEMPTS:
                 job.status = "queued"
                 job.stage = None
@@ -386,14 +379,16 @@ def recover_lost_jobs(
                     details={"reason": "worker_lost", "attempts": job.attempts},
                 ).model_dump_json()
                 add_event(session, job.id, "failed", message="worker_lost")
+                failed.append(job.id)
+            if job.status != "queued":  # ended here: canceled, or failed worker_lost
+                code = "canceled" if job.status == "canceled" else "internal_error"
                 job_metrics.job_ended(
                     session,
-                    status="failed",
-                    code="internal_error",
+                    status=job.status,
+                    code=code,
                     created_at=job.created_at,
                     finished_at=now,
                 )
-                failed.append(job.id)
         stale = now - timedelta(seconds=requeue_after_s)
         for job in session.scalars(
             select(Job)

@@ -13,10 +13,9 @@ from collections import defaultdict
 from datetime import datetime
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from persistence.database import transaction
+from persistence.database import transaction, upsert
 from persistence.models import Job, WorkerProcess, utcnow
 
 
@@ -31,9 +30,7 @@ def beat(sessions: sessionmaker[Session], identity: str, hostname: str, queues: 
         "seen_at": now,
     }
     with transaction(sessions) as session:
-        postgres = session.get_bind().dialect.name == "postgresql"
-        insert = postgresql.insert if postgres else sqlite.insert
-        statement = insert(WorkerProcess).values(**values)
+        statement = upsert(session, WorkerProcess).values(**values)
         session.execute(
             statement.on_conflict_do_update(
                 index_elements=["id"], set_={"seen_at": statement.excluded.seen_at}

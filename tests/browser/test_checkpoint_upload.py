@@ -18,6 +18,15 @@ pytestmark = pytest.mark.slow
 
 transformers = pytest.importorskip("transformers")
 
+TINY_BERT = {
+    "vocab_size": 64,
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 64,
+}
+
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -27,14 +36,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     directory = tmp_path_factory.mktemp("checkpoint") / "tiny-bert"
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
+    config = transformers.BertConfig(**TINY_BERT)
     transformers.BertForMaskedLM(config).save_pretrained(directory)
     (directory / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     return directory
@@ -144,14 +146,7 @@ def test_a_folder_with_an_adapter_sub_folder_sends_the_adapter(
     import torch
 
     peft = pytest.importorskip("peft")
-    config = transformers.BertConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
+    config = transformers.BertConfig(**TINY_BERT)
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)
     directory = tmp_path / "tiny-bert-lora"

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
-from tests.integration.conftest import Stack, slow_model, stack_env, wait_until
-from tests.service.conftest import MODELS, REDIS_URL, TRUNCATE_ALL
+from tests.integration.conftest import Stack, api_and_worker, slow_model, wait_until
+from tests.service.conftest import MODELS, TRUNCATE_ALL
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +29,7 @@ def stack(
     with engine.begin() as conn:
         conn.execute(text(TRUNCATE_ALL))
     engine.dispose()
-    tmp = tmp_path_factory.mktemp("metrics")
-    deployment = Stack(tmp, stack_env(tmp, pg_url, REDIS_URL, redis_prefix + "metrics:"))
-    deployment.start_api()
-    deployment.start_worker()
-    try:
-        yield deployment
-    finally:
-        deployment.stop()
+    yield from api_and_worker(tmp_path_factory.mktemp("metrics"), pg_url, redis_prefix + "m:")
 
 
 def scrape(stack: Stack) -> Samples:
