@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -72,3 +73,10 @@ def ping(engine: Engine) -> None:
     """Raise unless the database answers a trivial query."""
     with engine.connect() as connection:
         connection.execute(text("SELECT 1"))
+
+
+def upsert(session: Session, table: Any) -> Any:
+    """`INSERT INTO table` of the session's database, which has `on_conflict_do_update`
+    (both databases torchport runs on have an upsert)."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    return (postgresql.insert if postgres else sqlite.insert)(table)

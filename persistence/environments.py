@@ -11,10 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from persistence.database import transaction
+from persistence.database import transaction, upsert
 from persistence.models import WorkerEnvironmentRow, utcnow
 from schemas import EnvironmentDescription, EnvironmentList, WorkerEnvironment
 
@@ -37,9 +36,7 @@ def record_environment(
     with transaction(sessions) as session:
         # An upsert (both databases torchport runs on have one), so that two workers of
         # one host starting together cannot collide.
-        postgres = session.get_bind().dialect.name == "postgresql"
-        insert = postgresql.insert if postgres else sqlite.insert
-        statement = insert(WorkerEnvironmentRow).values(**values)
+        statement = upsert(session, WorkerEnvironmentRow).values(**values)
         session.execute(
             statement.on_conflict_do_update(
                 index_elements=["queue", "hostname"],

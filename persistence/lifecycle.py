@@ -20,10 +20,11 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from persistence import job_metrics
 from persistence.database import transaction
 from persistence.models import Artifact, Job, StageEventRow, utcnow
 from persistence.records import job_spec, next_seq
-from schemas import ErrorBody, JobSpec
+from schemas import ErrorBody, JobSpec, ReportDocument
 
 logger = logging.getLogger(__name__)
 
@@ -237,14 +238,16 @@ def finish(
     status: str,
     error: ErrorBody | None,
     artifacts: list[StoredArtifact],
+    report: ReportDocument | None = None,
 ) -> bool:
     """Record the end of a running job; False if it was no longer this worker's.
 
-    The error is kept bounded (`bound_error`)."""
+    The error is kept bounded (`bound_error`). The job is counted in the metrics' totals
+    (`persistence.job_metrics`), with the stages and targets of its `report`."""
     error = bound_error(error) if error is not None else None
     with transaction(sessions) as session:
         now = utcnow()
-        result = session.execute(
+        created_at = session.scalar(
             update(Job)
             .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
             .values(
@@ -253,9 +256,18 @@ def finish(
                 finished_at=now,
                 error_json=error.model_dump_json() if error else None,
             )
+            .returning(Job.created_at)
         )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if created_at is None:
             return False
+        job_metrics.job_ended(
+            session,
+            status=status,
+            code=error.code if error else None,
+            created_at=created_at,
+            finished_at=now,
+            report=report,
+        )
         for artifact in artifacts:
             session.merge(
                 Artifact(
@@ -280,18 +292,23 @@ def fail_job(sessions: sessionmaker[Session], job_id: str, error: ErrorBody) -> 
     """Fail a job that is not finished, whoever holds it (used for unrecoverable cases)."""
     error = bound_error(error)
     with transaction(sessions) as session:
-        result = session.execute(
+        now = utcnow()
+        created_at = session.scalar(
             update(Job)
             .where(Job.id == job_id, Job.status.in_(("queued", "running")))
             .values(
                 status="failed",
                 stage=None,
-                finished_at=utcnow(),
+                finished_at=now,
                 error_json=error.model_dump_json(),
             )
+            .returning(Job.created_at)
         )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if created_at is None:
             return False
+        job_metrics.job_ended(
+            session, status="failed", code=error.code, created_at=created_at, finished_at=now
+        )
         add_event(session, job_id, "failed", message=error.code)
         return True
 
@@ -363,6 +380,15 @@ def recover_lost_jobs(
                 ).model_dump_json()
                 add_event(session, job.id, "failed", message="worker_lost")
                 failed.append(job.id)
+            if job.status != "queued":  # ended here: canceled, or failed worker_lost
+                code = "canceled" if job.status == "canceled" else "internal_error"
+                job_metrics.job_ended(
+                    session,
+                    status=job.status,
+                    code=code,
+                    created_at=job.created_at,
+                    finished_at=now,
+                )
         stale = now - timedelta(seconds=requeue_after_s)
         for job in session.scalars(
             select(Job)

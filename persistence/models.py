@@ -1,5 +1,6 @@
 """Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys, the
-leases of stored blobs, and the environments workers describe when they start.
+leases of stored blobs, the environments workers describe when they start, the worker
+processes alive, and the totals of finished jobs `/metrics` shows.
 
 The job row is the source of truth for a job's status; the broker only carries its id.
 Schema changes go through Alembic (`service/migrations/`).
@@ -13,6 +14,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Double,
     Float,
     ForeignKey,
     Index,
@@ -119,6 +121,8 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_owner_created", "owner_id", "created_at", "id"),
         Index("ix_jobs_status", "status"),
+        # Queue depth and the oldest queued job per queue, at every scrape of /metrics.
+        Index("ix_jobs_status_queue_created", "status", "queue", "created_at"),
         Index("ix_jobs_cache_key", "cache_key"),
         # The collector asks, per blob, whether a job still refers to it.
         Index("ix_jobs_model_sha256", "model_sha256"),
@@ -189,3 +193,35 @@ class WorkerEnvironmentRow(Base):
     environment_json: Mapped[str] = mapped_column(Text)
 
     __table_args__ = (Index("ix_worker_environments_recorded", "queue", "recorded_at"),)
+
+
+class WorkerProcess(Base):
+    """An export worker process, alive while `seen_at` is recent: it says so every
+    heartbeat interval and deletes its row when it stops (`persistence.worker_processes`).
+    It is busy while a running job names it as its `worker`."""
+
+    __tablename__ = "worker_processes"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    """The process's identity, as running jobs record it in `jobs.worker`."""
+    hostname: Mapped[str] = mapped_column(String(255))
+    queues: Mapped[str] = mapped_column(String(255))
+    """The queues it consumes, comma-separated."""
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class MetricTotal(Base):
+    """One sample of a counter or histogram of finished jobs, added to by whichever
+    process ends a job, in the transaction that ends it (`persistence.job_metrics`), so
+    every API replica serves the same totals and none is counted twice."""
+
+    __tablename__ = "metric_totals"
+
+    family: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sample: Mapped[str] = mapped_column(String(16), primary_key=True)
+    """`total` (a counter), or `bucket`, `sum`, `count` (a histogram; a bucket row counts
+    the observations of its own bucket only, not those below it)."""
+    labels: Mapped[str] = mapped_column(String(255), primary_key=True)
+    """The label values as JSON with sorted keys (`le` for a bucket)."""
+    value: Mapped[float] = mapped_column(Double, default=0.0)

@@ -172,3 +172,12 @@ class JobSummary(StrictModel):
     expired_at: datetime | None = Field(
         default=None, description="When the job's files were deleted; null while kept."
     )
+
+
+class JobList(StrictModel):
+    """One page of job summaries, newest first (the whole job: `GET /v1/exports/{id}`)."""
+
+    items: list[JobSummary]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; null on the last."
+    )

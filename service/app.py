@@ -12,14 +12,17 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from persistence import worker_processes
 from persistence.database import make_engine, make_session_factory, migrate
 from persistence.lifecycle import recover_lost_jobs
+from persistence.models import utcnow
 from persistence.notices import make_publisher, publish_after_commit
 from persistence.queue import enqueue_export, make_celery
 from persistence.retention import Collection, collect
@@ -30,11 +33,14 @@ from service.deps import AppState
 from service.errors import Forbidden, install_error_handlers
 from service.jobs import engine_fingerprint
 from service.metrics import Metrics
-from service.routes import environment, exports, health
+from service.routes import artifact_zip, environment, exports, health
 from service.settings import ServiceSettings
 from service.streams import EventHub, StreamLimiter
 
 logger = logging.getLogger(__name__)
+
+STALE_WORKER_ROWS = timedelta(hours=1)
+"""A worker process's row not renewed for this long is deleted by the reaper."""
 
 
 def build_state(settings: ServiceSettings) -> AppState:
@@ -72,7 +78,7 @@ def build_state(settings: ServiceSettings) -> AppState:
             capacity=settings.auth_failures_burst,
             name="authfail",
         ),
-        metrics=Metrics(sessions),
+        metrics=Metrics(sessions, settings.heartbeat_timeout_s),
         fingerprint=engine_fingerprint(),
         hub=EventHub(broker_url, settings.broker_key_prefix, data_dir=settings.data_dir),
         stream_limiter=StreamLimiter(
@@ -90,6 +96,8 @@ def reap_once(state: AppState) -> None:
     )
     for job_id, queue in recovery.requeued:
         enqueue_export(state.celery, job_id, queue)
+    # Worker processes killed without deleting their row: long gone, no gauge counts them.
+    worker_processes.prune(state.sessions, utcnow() - STALE_WORKER_ROWS)
 
 
 async def _reaper(state: AppState) -> None:
@@ -238,6 +246,7 @@ def create_app(settings: ServiceSettings | None = None, state: AppState | None =
         app.state.torchport = state
     install_error_handlers(app)
     app.include_router(exports.router)
+    app.include_router(artifact_zip.router)
     app.include_router(environment.router)
     app.include_router(health.router)
     web.mount(app)  # the browser pages at / and /web/ (after the API routes)

@@ -19,6 +19,7 @@ from pydantic_core import from_json
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, selectinload
 
+from persistence import job_metrics
 from persistence.models import ApiKey, Artifact, Job, StageEventRow, utcnow
 from persistence.queue import queue_for
 from persistence.records import job_uploads, next_seq, record_spec
@@ -233,6 +234,7 @@ def submit(
                     created_at=now,
                 )
             )
+        job_metrics.cache_hit(session)
         session.flush()
         return Submission(job=job, enqueue=False)
     # Limits are per key; a keyless server is loopback-only and its one user is not limited.
@@ -297,6 +299,9 @@ def cancel(session: Session, job_id: str, caller: Caller) -> Job:
         session.add(
             StageEventRow(job_id=job.id, seq=next_seq(session, job.id), status="canceled", at=now)
         )
+        job_metrics.job_ended(
+            session, status="canceled", code="canceled", created_at=job.created_at, finished_at=now
+        )
     session.flush()
     return get_job(session, job_id, caller)
 
@@ -333,6 +338,22 @@ def find_artifact(session: Session, job: Job, name: str) -> Artifact:
         f"job {job.id} has no artifact {name!r}",
         details={"job_id": job.id, "artifact": name, "available": [a.name for a in job.artifacts]},
     )
+
+
+def finished_artifacts(job: Job) -> list[Artifact]:
+    """Every artifact of a finished job (none for a job canceled while queued).
+
+    Raises:
+        Conflict: the job has not finished yet.
+        Expired: the job's files are gone (its retention time passed).
+    """
+    if job.status not in TERMINAL_STATUSES:
+        raise Conflict(
+            f"job {job.id} is {job.status}: artifacts are ready when it finishes",
+            details={"job_id": job.id, "status": job.status},
+        )
+    _check_kept(job)
+    return list(job.artifacts)
 
 
 @dataclass(frozen=True)

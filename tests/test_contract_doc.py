@@ -23,7 +23,7 @@ from schemas import ERROR_CODES, SubmittedOptions, outcomes
 from service.app import create_app
 from service.errors import ERROR_CLASSES
 from service.settings import ServiceSettings
-from torchport.cli import SUBCOMMANDS
+from torchport.cli import MODULES, SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ROOT / "docs" / "contract.md"
@@ -188,7 +188,9 @@ def test_every_command_and_option_is_in_the_cli_table(command: str) -> None:
     assert row is not None, f"torchport {command} is not in the CLI table"
     line = next(line for line in section(8).splitlines() if line.startswith(f"| `{row}`"))
     parser = argparse.ArgumentParser()
-    importlib.import_module(f"torchport.commands.{command}").add_arguments(parser)
+    importlib.import_module(f"torchport.commands.{MODULES.get(command, command)}").add_arguments(
+        parser
+    )
     options = _options_of(parser)
     assert options
     assert sorted(o for o in options if not re.search(rf"(?<![\w-]){re.escape(o)}\b", line)) == []

@@ -16,17 +16,24 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "Run the whole service on this machine with embedded defaults.",
     "worker": "Run a production Celery worker.",
     "submit": "Submit a model to a torchport server and fetch the result.",
+    "status": "Show a job of a torchport server (--wait follows it to its end).",
+    "list": "List your jobs on a torchport server, newest first.",
+    "cancel": "Cancel a job on a torchport server.",
+    "download": "Download a finished job's artifacts from a torchport server.",
     "env": "List torch and the libraries uploads can import, with versions.",
     "keys": "Create or revoke API keys.",
     "db": "Migrate the database to the newest schema (db upgrade).",
     "gc": "Delete the uploads and artifacts of jobs past their retention time.",
 }
 
+MODULES = {"list": "listing"}
+"""Subcommands whose module has another name (`list` would shadow the builtin)."""
+
 USAGE_ERROR = 2
 
 
 def _command_module(name: str) -> types.ModuleType:
-    return importlib.import_module(f"torchport.commands.{name}")
+    return importlib.import_module(f"torchport.commands.{MODULES.get(name, name)}")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

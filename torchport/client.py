@@ -7,6 +7,8 @@ with Client("http://127.0.0.1:8000", api_key="tp_…") as client:
     job = client.submit("model.py", options={"strict": True})
     job.wait()                      # follows the server-sent events
     job.download("out/")            # program.pt2, graph.json, signature.json, report.json
+    job.download_zip("job.zip")     # or all of them as one zip, as the server sent it
+    client.get(job.id).cancel()     # client.list(status="running"), client.cancel(id)
 ```
 Failures of the API raise `TorchportError` with the contract's error `code`; a job that
 failed is not an exception: `job.status == "failed"` and `job.error` says why.
@@ -15,9 +17,12 @@ failed is not an exception: `job.status == "failed"` and `job.error` says why.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +31,13 @@ import httpx
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import EnvironmentList, ErrorBody, JobPublic, JobSummary, StageEvent
+from schemas import EnvironmentList, ErrorBody, JobList, JobPublic, JobSummary, StageEvent
 from schemas.job import TERMINAL_STATUSES
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+ZIP_MANIFEST = "manifest.json"
+"""The member of `…/artifacts.zip` that lists the artifacts with their sizes and digests."""
+_CHUNK = 1024 * 1024
 
 
 class ClientSettings(BaseSettings):
@@ -160,35 +168,70 @@ class Job:
     def download(
         self, directory: str | os.PathLike[str], names: list[str] | None = None
     ) -> list[Path]:
-        """Save the job's artifacts (all, or `names`) into `directory`; returns the paths."""
+        """Save the job's artifacts into `directory`; returns the paths.
+
+        All of them come as one zip (`GET …/artifacts.zip`), unpacked here, each checked
+        against the size and SHA-256 its manifest gives; `names` fetches only those, one
+        by one (a name the job does not have is the server's `not_found`).
+        """
         target = Path(directory)
         target.mkdir(parents=True, exist_ok=True)
+        if names is None:
+            with tempfile.TemporaryDirectory(dir=target, prefix=".torchport-") as tmp:
+                return _unpack(self.download_zip(Path(tmp) / "artifacts.zip"), target)
         saved = []
-        for artifact in self.data.artifacts:
-            if names is not None and artifact.name not in names:
-                continue
-            path = target / Path(artifact.name).name
-            with self._client._http.stream(
-                "GET", f"/v1/exports/{self.id}/artifacts/{artifact.name}"
-            ) as response:
-                if not response.is_success:
-                    response.read()
-                    _raise_for(response)
-                with path.open("wb") as f:
-                    for chunk in response.iter_bytes():
-                        f.write(chunk)
+        for name in names:
+            path = target / Path(name).name
+            self._client._save(f"/v1/exports/{self.id}/artifacts/{name}", path)
             saved.append(path)
         return saved
 
+    def download_zip(self, path: str | os.PathLike[str]) -> Path:
+        """Save every artifact as one zip at `path` (into `path/<id>.zip` when it is a
+        directory), streamed to disk as it comes; returns its path."""
+        target = Path(path)
+        if target.is_dir():
+            target = target / f"{self.id}.zip"
+        self._client._save(f"/v1/exports/{self.id}/artifacts.zip", target)
+        return target
+
     def cancel(self) -> Job:
-        """Cancel the job (a running one is stopped by its worker shortly after)."""
-        response = self._client._http.delete(f"/v1/exports/{self.id}")
-        _raise_for(response)
+        """Cancel the job (a running one is stopped by its worker shortly after: its
+        status stays `running` until then)."""
+        response = self._client._send("DELETE", f"/v1/exports/{self.id}")
         self.data = JobPublic.model_validate(response.json())
         return self
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.status}>"
+
+
+def _unpack(archive: Path, target: Path) -> list[Path]:
+    """Write the artifacts of a job's zip into `target`, each checked against the size and
+    SHA-256 of the zip's manifest; only the manifest's names, as plain file names."""
+    saved = []
+    with zipfile.ZipFile(archive) as zf:
+        listed = json.loads(zf.read(ZIP_MANIFEST))["artifacts"]
+        for artifact in listed:
+            name = str(artifact["name"])
+            if Path(name).name != name or name.startswith("."):
+                raise TorchportError("internal_error", f"the archive names a path: {name!r}")
+            path = target / name
+            digest, size = hashlib.sha256(), 0
+            with zf.open(name) as member, path.open("wb") as out:
+                while chunk := member.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            if (size, digest.hexdigest()) != (artifact["size"], artifact["sha256"]):
+                path.unlink()
+                raise TorchportError(
+                    "internal_error",
+                    f"{name} arrived with {size} bytes of SHA-256 {digest.hexdigest()}, "
+                    f"not the {artifact['size']} bytes of {artifact['sha256']} the job lists",
+                )
+            saved.append(path)
+    return saved
 
 
 def _as_json(value: dict[str, Any] | str | os.PathLike[str] | None) -> str | None:
@@ -221,6 +264,35 @@ class Client:
         """Close the connection pool."""
         self._http.close()
 
+    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """One request; an error answer raises its code, no answer raises `unavailable`."""
+        try:
+            response = self._http.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise TorchportError("unavailable", f"cannot reach {self.server}: {exc}") from exc
+        _raise_for(response)
+        return response
+
+    def _save(self, url: str, path: Path) -> None:
+        """Stream a download into `path` (written under a temporary name, then renamed, so
+        a broken transfer leaves no partial file under the real name)."""
+        partial = path.with_name(f".{path.name}.part")
+        try:
+            with self._http.stream("GET", url) as response:
+                if not response.is_success:
+                    response.read()
+                    _raise_for(response)
+                with partial.open("wb") as f:
+                    for chunk in response.iter_bytes(_CHUNK):
+                        f.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise TorchportError("unavailable", f"cannot reach {self.server}: {exc}") from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(path)
+
     def submit(
         self,
         model: str | os.PathLike[str],
@@ -245,47 +317,51 @@ class Client:
                 data["options"] = options_text
             if callback_url is not None:
                 data["callback_url"] = callback_url
-            try:
-                response = self._http.post("/v1/exports", files=files, data=data)
-            except httpx.TransportError as exc:
-                raise TorchportError("unavailable", f"cannot reach {self.server}: {exc}") from exc
-        _raise_for(response)
+            response = self._send("POST", "/v1/exports", files=files, data=data)
         return Job(self, JobPublic.model_validate(response.json()))
 
     def _get_job(self, job_id: str) -> JobPublic:
-        response = self._http.get(f"/v1/exports/{job_id}")
-        _raise_for(response)
+        response = self._send("GET", f"/v1/exports/{job_id}")
         return JobPublic.model_validate(response.json())
 
     def environment(self) -> EnvironmentList:
         """Per queue, the libraries its workers' jobs can import (`GET /v1/environment`)."""
-        try:
-            response = self._http.get("/v1/environment")
-        except httpx.TransportError as exc:
-            raise TorchportError("unavailable", f"cannot reach {self.server}: {exc}") from exc
-        _raise_for(response)
-        return EnvironmentList.model_validate(response.json())
+        return EnvironmentList.model_validate(self._send("GET", "/v1/environment").json())
 
     def job(self, job_id: str) -> Job:
         """An existing job by id."""
         return Job(self, self._get_job(job_id))
+
+    def get(self, job_id: str) -> Job:
+        """An existing job by id (`GET /v1/exports/{id}`); the same as `job`."""
+        return self.job(job_id)
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job by id (`DELETE /v1/exports/{id}`): a queued one is canceled at once,
+        a running one stays `running` until its worker stopped it; a finished one raises
+        `conflict`."""
+        response = self._send("DELETE", f"/v1/exports/{job_id}")
+        return Job(self, JobPublic.model_validate(response.json()))
+
+    def list(
+        self, status: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> JobList:
+        """One page of your jobs' summaries, newest first (`GET /v1/exports`); pass its
+        `next_cursor` as `cursor` for the next page (`jobs()` follows them all)."""
+        params: dict[str, Any] = {}
+        for name, value in (("status", status), ("limit", limit), ("cursor", cursor)):
+            if value is not None:
+                params[name] = value
+        return JobList.model_validate(self._send("GET", "/v1/exports", params=params).json())
 
     def jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[JobSummary]:
         """Summaries of your jobs, newest first, following the pagination cursor;
         `job(summary.id)` has the whole job."""
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {"limit": page_size}
-            if status:
-                params["status"] = status
-            if cursor:
-                params["cursor"] = cursor
-            response = self._http.get("/v1/exports", params=params)
-            _raise_for(response)
-            page = response.json()
-            for item in page["items"]:
-                yield JobSummary.model_validate(item)
-            cursor = page.get("next_cursor")
+            page = self.list(status=status or None, limit=page_size, cursor=cursor)
+            yield from page.items
+            cursor = page.next_cursor
             if not cursor:
                 return
 

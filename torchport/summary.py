@@ -10,10 +10,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from schemas import GenerationCheck, ReportDocument, SignatureDocument, VerificationReport
+from torchport.job_view import render_error
 
 
-def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> None:
-    """Print stages, signature, ranges, verification and, on failure, the error and hint."""
+def render_summary(
+    report: ReportDocument,
+    console: Console,
+    out_dir: Path | None,
+    signature: SignatureDocument | None = None,
+) -> None:
+    """Print stages, signature, ranges, verification and, on failure, the error and hint.
+
+    `out_dir`: where the artifacts were written (its `signature.json` is shown unless
+    `signature` is given); None when they stay on the server (`torchport submit` without
+    `--out`)."""
     ok = report.status == "succeeded"
     colour = "green" if ok else "red"
     console.print(f"[bold {colour}]export {report.status}[/] in {report.duration_s or 0:.2f} s")
@@ -45,11 +55,10 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
             )
         )
 
-    signature_path = out_dir / "signature.json"
-    if ok and signature_path.is_file():
-        _render_signature(
-            SignatureDocument.model_validate_json(signature_path.read_text()), console
-        )
+    if signature is None and out_dir is not None and (out_dir / "signature.json").is_file():
+        signature = SignatureDocument.model_validate_json((out_dir / "signature.json").read_text())
+    if ok and signature is not None:
+        _render_signature(signature, console)
 
     if report.verification is not None and report.verification.samples:
         _render_verification(report, console)
@@ -80,24 +89,14 @@ def render_summary(report: ReportDocument, console: Console, out_dir: Path) -> N
         console.print(f"[yellow]warning[/] \\[{warning.code}] {escape(warning.message)}")
 
     if report.error is not None:
-        error = report.error
-        console.print(
-            f"[bold red]error[/] \\[{error.code}] ({error.stage}) {escape(error.message)}"
-        )
-        if error.location is not None:
-            console.print(
-                f"  at {error.location.file}:{error.location.line}: {error.location.code or ''}"
-            )
-        if error.hint:
-            console.print(f"[bold]hint:[/] {escape(error.hint)}")
-        if error.exportdb:
-            console.print("  related ExportDB cases: " + ", ".join(error.exportdb))
+        render_error(report.error, console)
         for issue in report.draft_export or []:
             where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
             first_line = issue.message.splitlines()[0] if issue.message else ""
             console.print(f"  draft-export issue: {issue.type}{where}: {escape(first_line)}")
     else:
-        console.print(f"artifacts in {out_dir}: " + ", ".join(a.name for a in report.artifacts))
+        where = f" in {escape(str(out_dir))}" if out_dir is not None else ""
+        console.print(f"artifacts{where}: " + ", ".join(a.name for a in report.artifacts))
 
 
 def generation_text(check: GenerationCheck) -> str:

@@ -27,6 +27,7 @@ if settings.resolved_broker_url.startswith("filesystem://"):
     app.conf.worker_enable_remote_control = False
 
 _context: WorkerContext | None = None
+_presence: Any = None
 _lock = threading.Lock()
 
 
@@ -47,8 +48,16 @@ def runs_exports() -> bool:
 
 @worker_ready.connect
 def _warm_up(**_: Any) -> None:
+    global _presence
     if not runs_exports():
         return
+    try:  # alive, busy or idle, for /metrics (persistence.worker_processes)
+        from worker.presence import Presence
+
+        _presence = Presence(context())
+        _presence.start()
+    except Exception:
+        logger.exception("could not record this worker's presence")
     # Start the zygote before the first job arrives, so no job pays for `import torch`.
     try:
         context().runner()
@@ -66,7 +75,10 @@ def _warm_up(**_: Any) -> None:
 
 @worker_shutdown.connect
 def _shut_down(**_: Any) -> None:
-    global _context
+    global _context, _presence
+    if _presence is not None:
+        _presence.stop()
+        _presence = None
     with _lock:
         if _context is not None:
             _context.close()

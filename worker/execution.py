@@ -334,6 +334,7 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
             status=status,
             error=error,
             artifacts=stored,
+            report=report,
         )
         return status if finished else None
     finally:

@@ -17,14 +17,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from persistence import records, retention
 from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, enqueue_webhook, queue_for
-from schemas import JobPublic, JobSpec, JobStatus, JobSummary
+from schemas import JobList, JobPublic, JobSpec, JobStatus
 from schemas.job import TERMINAL_STATUSES
 from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
 from service import archives, jobs, listing, upload_checks
@@ -98,15 +98,6 @@ UPLOAD_BODY: dict[str, Any] = {
         }
     },
 }
-
-
-class JobList(BaseModel):
-    """One page of job summaries, newest first (the whole job: `GET /v1/exports/{id}`)."""
-
-    items: list[JobSummary]
-    next_cursor: str | None = Field(
-        default=None, description="Pass as `cursor` for the next page; null on the last."
-    )
 
 
 def _job_response(job: JobPublic, status_code: int) -> JSONResponse:

@@ -18,6 +18,15 @@ pytestmark = pytest.mark.slow
 
 transformers = pytest.importorskip("transformers")
 
+TINY_BERT = {
+    "vocab_size": 64,
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 64,
+}
+
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -27,14 +36,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     directory = tmp_path_factory.mktemp("checkpoint") / "tiny-bert"
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-    )
+    config = transformers.BertConfig(**TINY_BERT)
     transformers.BertForMaskedLM(config).save_pretrained(directory)
     (directory / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     return directory
@@ -134,3 +136,42 @@ def test_a_t5_folder_exports_and_shows_its_encoder(
     assert verdict is not None and verdict.get_attribute("data-verdict") == "verified"
     assert "encoder_sequence_length" in (shown.text_content() or "")
     assert page.wait_for_selector(".generation-check").get_attribute("data-matched") == "true"
+
+
+def test_a_folder_with_an_adapter_sub_folder_sends_the_adapter(
+    page: Any, server: Server, tmp_path: Path
+) -> None:
+    """As `torchport submit DIR`: the sub-folder holding `adapter_config.json` goes along
+    with its two files (not its README), and the engine merges it."""
+    import torch
+
+    peft = pytest.importorskip("peft")
+    config = transformers.BertConfig(**TINY_BERT)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    directory = tmp_path / "tiny-bert-lora"
+    model.bert.save_pretrained(directory)  # the base: BertModel
+    lora = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["query", "value"], task_type="SEQ_CLS"
+    )
+    peft.get_peft_model(model, lora).save_pretrained(directory / "lora")
+    assert (directory / "lora" / "README.md").is_file()  # peft writes one; it stays behind
+
+    page.goto("/")
+    page.set_input_files("[data-testid=folder-model]", str(directory))
+    page.wait_for_selector("#task-row:not([hidden])")
+    sent = (page.text_content("#folder-status") or "").split(": ", 1)[1].split(", ")
+    assert sent == [
+        "config.json",
+        "model.safetensors",
+        "lora/adapter_config.json",
+        "lora/adapter_model.safetensors",
+    ]
+    page.click("#submit")  # the task from the adapter's task_type
+    job = finished(server, job_id_of(page))
+    assert job["status"] == "succeeded", job["error"]
+    report = server.api(f"v1/exports/{job['id']}/artifacts/report.json")
+    checkpoint = report["checkpoint"]
+    assert (checkpoint["task"], checkpoint["task_source"]) == ("text-classification", "adapter")
+    assert checkpoint["adapter"]["path"] == "lora"
+    assert checkpoint["adapter"]["merged"] is True

@@ -160,15 +160,19 @@ def stack_env(tmp_path: Path, database_url: str, broker_url: str, prefix: str) -
     }
 
 
-@pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_prefix: str
-) -> Iterator[Stack]:
-    tmp_path = tmp_path_factory.mktemp("stack")
-    deployment = Stack(tmp_path, stack_env(tmp_path, pg_url, REDIS_URL, redis_prefix + "stack:"))
+def api_and_worker(tmp_path: Path, pg_url: str, prefix: str) -> Iterator[Stack]:
+    """An API and one worker on the session's database, under a Redis key `prefix`."""
+    deployment = Stack(tmp_path, stack_env(tmp_path, pg_url, REDIS_URL, prefix))
     deployment.start_api()
     deployment.start_worker()
     try:
         yield deployment
     finally:
         deployment.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_prefix: str
+) -> Iterator[Stack]:
+    yield from api_and_worker(tmp_path_factory.mktemp("stack"), pg_url, redis_prefix + "stack:")

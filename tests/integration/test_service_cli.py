@@ -83,6 +83,33 @@ def test_submit_exit_codes(server: Serve, tmp_path: Path) -> None:
     assert queued.returncode == 0
 
 
+def test_submit_prints_what_export_prints(server: Serve, tmp_path: Path) -> None:
+    """The summary of the job's report.json: its stages and artifacts on success; its
+    error with the upload's line and the hint on failure."""
+    done = torchport("submit", str(MODELS / "load_instance.py"), "--server", server.url, "--wait")
+    assert done.returncode == 0, done.stderr
+    job_id, status = done.stdout.split()[:2]
+    assert status == "succeeded"
+    with Client(server.url) as client:
+        report = client.job(job_id).download(tmp_path / "report", names=["report.json"])[0]
+    stages = [stage["name"] for stage in json.loads(report.read_text())["stages"]]
+    assert stages and all(stage in done.stdout for stage in stages)
+    assert "program.pt2" in done.stdout and "signature.json" in done.stdout
+
+    out = tmp_path / "out"
+    failed = torchport(
+        "submit", str(MODELS / "diag_data_dependent.py"), "--server", server.url, "--out", str(out)
+    )
+    assert failed.returncode == 1
+    job_id = failed.stdout.split()[0]
+    with Client(server.url) as client:
+        error = client.job(job_id).error
+    assert error is not None and error.location is not None and error.hint
+    assert error.code in failed.stdout
+    assert f"{error.location.file}:{error.location.line}" in failed.stdout
+    assert (out / "report.json").is_file()
+
+
 def test_python_client(server: Serve, tmp_path: Path) -> None:
     with Client(server.url) as client:
         model = tmp_path / "client_model.py"
@@ -94,6 +121,13 @@ def test_python_client(server: Serve, tmp_path: Path) -> None:
         assert "running" in seen
         paths = job.download(tmp_path / "dl", names=["program.pt2"])
         assert [p.name for p in paths] == ["program.pt2"]
+        every = job.download(tmp_path / "all")
+        assert sorted(p.name for p in every) == sorted(a.name for a in job.data.artifacts)
+        archive = job.download_zip(tmp_path)
+        with zipfile.ZipFile(archive) as zf:
+            assert set(zf.namelist()) == {*(p.name for p in every), "manifest.json"}
+        assert [j.id for j in client.list(status="succeeded", limit=1).items] == [job.id]
+        assert client.get(job.id).status == "succeeded"
         assert client.job(job.id).data.cache_hit is False
         assert job.id in [j.id for j in client.jobs(status="succeeded")]
         with pytest.raises(TorchportError) as info:

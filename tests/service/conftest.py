@@ -71,9 +71,15 @@ def make_settings(
     return ServiceSettings(**values)  # type: ignore[arg-type]
 
 
+TRUNCATE_ALL = (
+    "TRUNCATE stage_events, artifacts, jobs, api_keys, blobs, worker_processes, metric_totals"
+    " CASCADE"
+)
+
+
 def _truncate(state: AppState) -> None:
     with state.engine.begin() as conn:
-        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys, blobs CASCADE"))
+        conn.execute(text(TRUNCATE_ALL))
 
 
 @pytest.fixture

@@ -132,3 +132,25 @@ def test_the_collector_deletes_expired_blobs_from_s3_and_keeps_shared_ones(
     assert keys == {f"gc/{digests[n][:2]}/{digests[n]}" for n in ("model", "shared")}
     store.delete(digests["only-old"])  # deleting what is gone is no error
     engine.dispose()
+
+
+def test_the_artifacts_zip_streams_from_s3(endpoint: str, tmp_path: Path) -> None:
+    import io
+    import json
+    import zipfile
+
+    from persistence.models import Artifact
+    from service.artifact_zip import MANIFEST, artifact_zip
+
+    store = open_store("s3://art/zips", s3_endpoint_url=endpoint)
+    contents = {"program.pt2": b"PK" + bytes(range(256)) * 8192, "report.json": b'{"a": 1}'}
+    artifacts = []
+    for name, data in contents.items():
+        (tmp_path / name).write_bytes(data)
+        sha, size = store.put_file(tmp_path / name)
+        artifacts.append(Artifact(name=name, sha256=sha, size=size, media_type="x"))
+    archive = b"".join(artifact_zip(store, "job", artifacts))
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        assert {name: zf.read(name) for name in contents} == contents
+        listed = json.loads(zf.read(MANIFEST))["artifacts"]
+    assert [(a["name"], a["sha256"]) for a in listed] == [(a.name, a.sha256) for a in artifacts]

@@ -1,4 +1,5 @@
-"""`torchport submit`: send a model to a torchport server, follow it, fetch the artifacts.
+"""`torchport submit`: send a model to a torchport server, follow it, fetch the artifacts,
+and print what `torchport export` prints (the summary of its report.json).
 
 Exit codes as `torchport export`: 0 succeeded (or submitted without --wait), 1 the export
 failed or was canceled, 2 the request was refused or the server unreachable.
@@ -8,28 +9,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from schemas import STAGES
+from rich.console import Console
+from rich.markup import escape
+
+from schemas import ReportDocument, SignatureDocument
 from torchport.checkpoints import UnusableAdapter, upload_path
+from torchport.commands.connection import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    add_server_arguments,
+    connect,
+    follow,
+    job_exit_code,
+    print_refusal,
+)
 from torchport.commands.upload_options import add_upload_arguments, requires_of
+from torchport.job_view import render_error
+from torchport.summary import render_summary
+
+if TYPE_CHECKING:
+    from torchport.client import Job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `torchport submit`."""
     add_upload_arguments(parser)
-    parser.add_argument("--server", help="server URL (TORCHPORT_SERVER, default 127.0.0.1:8000)")
-    parser.add_argument("--api-key", help="API key (TORCHPORT_API_KEY)")
+    add_server_arguments(parser, json_help="print the job as JSON")
     parser.add_argument(
         "--callback-url", help="POSTed the job, signed, when it ends (http:// or https://)"
     )
     parser.add_argument("--wait", action="store_true", help="wait for the job to finish")
     parser.add_argument("--out", type=Path, help="download the artifacts here (implies --wait)")
     parser.add_argument("--timeout", type=float, help="give up waiting after this many seconds")
-    parser.add_argument("--json", action="store_true", help="print the job as JSON")
 
 
 def _load_json(value: str) -> Any:
@@ -49,21 +65,17 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Submit, optionally wait with a progress bar and download; returns the exit code."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from torchport.client import Client, TorchportError
+    from torchport.client import TorchportError
 
     console = Console(stderr=True)
     try:
         options = _options(args)
     except (OSError, ValueError) as exc:
         console.print(f"torchport submit: bad --options/--dynamic-shapes: {exc}")
-        return 2
+        return EXIT_REFUSED
     wait = args.wait or args.out is not None
     with (
-        Client(args.server, args.api_key) as client,
+        connect(args) as client,
         tempfile.TemporaryDirectory(prefix="torchport-checkpoints-") as zips,
     ):
         try:
@@ -76,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             except UnusableAdapter as exc:
                 console.print(f"torchport submit: {escape(str(exc))}")
-                return 2
+                return EXIT_REFUSED
             job = client.submit(
                 model,
                 inputs=args.inputs,
@@ -85,55 +97,42 @@ def run(args: argparse.Namespace) -> int:
                 callback_url=args.callback_url,
             )
             if wait and not job.done:
-                with Progress(
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                    disable=args.json or not console.is_terminal,
-                ) as bar:
-                    task = bar.add_task(f"{job.id[:8]} queued", total=len(STAGES))
-
-                    def on_event(event: Any) -> None:
-                        done = STAGES.index(event.stage) if event.stage in STAGES else 0
-                        bar.update(
-                            task,
-                            completed=done,
-                            description=f"{job.id[:8]} {event.stage or event.status}",
-                        )
-
-                    job.wait(timeout=args.timeout, on_event=on_event)
-                    bar.update(
-                        task, completed=len(STAGES), description=f"{job.id[:8]} {job.status}"
-                    )
+                follow(job, console, timeout=args.timeout, quiet=args.json)
             if args.out is not None and job.done:
                 job.download(args.out)
-        except TorchportError as exc:
             if args.json:
-                print(
-                    json.dumps(
-                        exc.body.model_dump(mode="json")
-                        if exc.body
-                        else {"code": exc.code, "message": exc.message}
-                    )
-                )
+                print(job.data.model_dump_json(indent=2))
             else:
-                console.print(f"[red]{exc.code}[/red]: {exc.message}")
-            return 2
+                _print_outcome(job, args.out)
+        except TorchportError as exc:
+            return print_refusal(exc, args.json, console)
         except TimeoutError as exc:
             console.print(f"torchport submit: {exc}")
-            return 1
-    if args.json:
-        print(job.data.model_dump_json(indent=2))
-    else:
-        line = f"{job.id} {job.status}" + (" (cache hit)" if job.data.cache_hit else "")
-        print(line)
-        if job.error is not None:
-            print(f"{job.error.code}: {job.error.message}", file=sys.stderr)
-            if job.error.hint:
-                print(f"hint: {job.error.hint}", file=sys.stderr)
-        if args.out is not None and job.done:
-            print(f"artifacts in {args.out}")
-    if not wait:
-        return 0
-    return 0 if job.status == "succeeded" else 1
+            return EXIT_FAILED
+    return job_exit_code(job.status) if wait else EXIT_OK
+
+
+def _print_outcome(job: Job, out: Path | None) -> None:
+    """The job's id and status; once it finished, the summary `torchport export` prints,
+    from its report.json (the error with its line and hint where it failed)."""
+    print(f"{job.id} {job.status}" + (" (cache hit)" if job.data.cache_hit else ""))
+    if not job.done:
+        return
+    names = {artifact.name for artifact in job.data.artifacts}
+    if "report.json" not in names:  # canceled, or lost before it wrote one
+        if job.error is not None and job.status != "canceled":
+            render_error(job.error, Console(stderr=True))
+        return
+    if out is not None:
+        report = ReportDocument.model_validate_json((out / "report.json").read_text())
+        render_summary(report, Console(), out)
+        return
+    with tempfile.TemporaryDirectory(prefix="torchport-report-") as tmp:
+        wanted: list[str] = [n for n in ("report.json", "signature.json") if n in names]
+        job.download(tmp, names=wanted)
+        report = ReportDocument.model_validate_json((Path(tmp) / "report.json").read_text())
+        signature = None
+        if "signature.json" in wanted:
+            text = (Path(tmp) / "signature.json").read_text()
+            signature = SignatureDocument.model_validate_json(text)
+    render_summary(report, Console(), None, signature)

@@ -5,6 +5,9 @@
 
 const CHECKPOINT_FILE = /^(config\.json|generation_config\.json|.+\.safetensors|model\.safetensors\.index\.json)$/;
 const BIN_FILE = /^(pytorch_model.*\.bin|pytorch_model\.bin\.index\.json)$/;
+const ADAPTER_CONFIG = "adapter_config.json";
+const ADAPTER_WEIGHTS = "adapter_model.safetensors";
+const ADAPTER_FILE = /^(adapter_config\.json|adapter_model\.safetensors)$/;
 const MAX_ZIP32 = 0xffffffff;
 
 function memberParts(name) {
@@ -63,23 +66,51 @@ export async function zipNames(file) {
   return names;
 }
 
+/** The path of a chosen folder's file below the folder itself (`lora/adapter_config.json`). */
+function innerPath(file) {
+  const parts = (file.webkitRelativePath || file.name).split("/");
+  return parts.length > 1 ? parts.slice(1).join("/") : parts[0];
+}
+
 /** The files of a chosen folder (`webkitdirectory`) a checkpoint needs, as `torchport
- * submit DIR` picks them: config, generation config, safetensors and their index (the .bin
- * weights only without safetensors; the top-level .py files only with `auto_map`). */
+ * submit DIR` picks them (torchport/checkpoints.py): config, generation config, safetensors
+ * and their index (the .bin weights only without safetensors; the top-level .py files only
+ * with `auto_map`), and each sub-folder holding an `adapter_config.json` as a PEFT adapter:
+ * its adapter_config.json and adapter_model.safetensors. A folder that is an adapter itself
+ * (no config.json) sends its two files alone, which the server refuses without its base
+ * (`adapter_without_base`), as it refuses the CLI's. Returns `{file, path}` entries, `path`
+ * below the chosen folder, in the CLI's order. */
 export async function checkpointFiles(fileList) {
-  const top = [...fileList].filter((f) => (f.webkitRelativePath || f.name).split("/").length <= 2);
-  const named = (re) => top.filter((f) => re.test(f.name));
+  const entries = [...fileList].map((file) => ({ file, path: innerPath(file) }));
+  const top = entries.filter((e) => !e.path.includes("/"));
+  const named = (re) => top.filter((e) => re.test(e.path)).sort(byPath);
+  const config = top.find((e) => e.path === "config.json");
+  if (!config && top.some((e) => e.path === ADAPTER_CONFIG)) return named(ADAPTER_FILE);
   let files = named(CHECKPOINT_FILE);
-  if (!files.some((f) => f.name.endsWith(".safetensors"))) files = files.concat(named(BIN_FILE));
-  const config = top.find((f) => f.name === "config.json");
+  if (!files.some((e) => e.path.endsWith(".safetensors"))) files = files.concat(named(BIN_FILE));
   if (config) {
     try {
-      if (JSON.parse(await config.text()).auto_map) files = files.concat(named(/\.py$/));
+      if (JSON.parse(await config.file.text()).auto_map) files = files.concat(named(/\.py$/));
     } catch {
       // An unreadable config.json travels as it is; the engine says what is wrong with it.
     }
   }
+  files.sort(byPath);
+  const adapters = entries
+    .filter((e) => e.path.split("/").length === 2 && e.path.endsWith(`/${ADAPTER_CONFIG}`))
+    .map((e) => e.path.split("/")[0])
+    .sort();
+  for (const folder of adapters) {
+    for (const name of [ADAPTER_CONFIG, ADAPTER_WEIGHTS]) {
+      const found = entries.find((e) => e.path === `${folder}/${name}`);
+      if (found) files.push(found);
+    }
+  }
   return files;
+}
+
+function byPath(a, b) {
+  return a.path < b.path ? -1 : a.path > b.path ? 1 : 0;
 }
 
 const CRC_TABLE = (() => {
@@ -114,16 +145,16 @@ function header(size, fields) {
   return new Uint8Array(view.buffer);
 }
 
-/** A zip File named `name` holding `files` under `folder/`, stored (not compressed).
- * Refuses (throws RangeError) what would need zip64: over 4 GiB, which no server's
- * default limit admits either. */
-export async function storedZip(name, folder, files) {
+/** A zip File named `name` holding each `{file, path}` entry as `folder/path`, stored (not
+ * compressed). Refuses (throws RangeError) what would need zip64: over 4 GiB, which no
+ * server's default limit admits either. */
+export async function storedZip(name, folder, entries) {
   const encoder = new TextEncoder();
   const parts = [];
   const central = [];
   let offset = 0;
-  for (const file of files) {
-    const path = encoder.encode(`${folder}/${file.name}`);
+  for (const { file, path: inner } of entries) {
+    const path = encoder.encode(`${folder}/${inner}`);
     const crc = await crc32(file);
     const common = [[2, 20], [2, 0x0800], [2, 0], [2, 0], [2, 0x21], [4, crc], [4, file.size], [4, file.size], [2, path.length], [2, 0]];
     const local = header(30, [[4, 0x04034b50], ...common]);
@@ -133,6 +164,6 @@ export async function storedZip(name, folder, files) {
     offset += local.length + path.length + file.size;
   }
   const centralSize = central.reduce((sum, part) => sum + part.length, 0);
-  const end = header(22, [[4, 0x06054b50], [2, 0], [2, 0], [2, files.length], [2, files.length], [4, centralSize], [4, offset], [2, 0]]);
+  const end = header(22, [[4, 0x06054b50], [2, 0], [2, 0], [2, entries.length], [2, entries.length], [4, centralSize], [4, offset], [2, 0]]);
   return new File([...parts, ...central, end], name, { type: "application/zip" });
 }

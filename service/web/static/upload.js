@@ -87,7 +87,7 @@ export function renderUpload(root, navigate) {
     try {
       const picked = await checkpointFiles(chosen);
       zones.model.setFile(await storedZip(`${name}.zip`, name, picked));
-      fill(folderStatus, `${name}: ${picked.map((f) => f.name).join(", ")}`);
+      fill(folderStatus, `${name}: ${picked.map((e) => e.path).join(", ")}`);
     } catch (error) {
       fill(folderStatus, h("span", { class: "error-line", "data-code": "upload_too_large" }, `${name}: ${error.message}`));
     }

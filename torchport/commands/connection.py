@@ -1,0 +1,84 @@
+"""What the commands that talk to a server share: `--server`, `--api-key` and `--json`, the
+error answer printed, a job followed to its end, and the exit codes (docs/contract.md §8).
+
+Exit codes: 0 done (a job succeeded, or is still on its way); 1 the job failed or was
+canceled, or waiting for it timed out; 2 a usage error, a request the server refused
+(its error body, with `--json` on stdout) or a server that cannot be reached
+(`unavailable`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from torchport.client import Client, Job, TorchportError
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, *, json_help: str) -> None:
+    """`--server`, `--api-key` and `--json`, as `torchport submit` has them."""
+    parser.add_argument("--server", help="server URL (TORCHPORT_SERVER, default 127.0.0.1:8000)")
+    parser.add_argument("--api-key", help="API key (TORCHPORT_API_KEY)")
+    parser.add_argument("--json", action="store_true", help=json_help)
+
+
+def connect(args: argparse.Namespace) -> Client:
+    """A client for the server and key the arguments (or the environment) name."""
+    from torchport.client import Client
+
+    return Client(args.server, args.api_key)
+
+
+def print_refusal(exc: TorchportError, as_json: bool, console: Console) -> int:
+    """Print an error answer of the API (the error body with `--json`); returns exit 2."""
+    if as_json:
+        body = exc.body.model_dump(mode="json") if exc.body else None
+        print(json.dumps(body or {"code": exc.code, "message": exc.message}))
+        return EXIT_REFUSED
+    console.print(f"[bold red]error[/] \\[{exc.code}] {escape(exc.message)}")
+    if exc.body is not None and exc.body.hint:
+        console.print(f"[bold]hint:[/] {escape(exc.body.hint)}")
+    return EXIT_REFUSED
+
+
+def job_exit_code(status: str) -> int:
+    """0 for a job that succeeded or is still queued or running, 1 for one that failed or
+    was canceled."""
+    return EXIT_FAILED if status in ("failed", "canceled") else EXIT_OK
+
+
+def follow(job: Job, console: Console, *, timeout: float | None, quiet: bool) -> Job:
+    """Wait for the job, with a progress bar of its stages on a terminal.
+
+    Raises:
+        TimeoutError: it did not finish within `timeout` seconds.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from schemas import STAGES
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet or not console.is_terminal,
+    ) as bar:
+        task = bar.add_task(f"{job.id[:8]} {job.status}", total=len(STAGES))
+
+        def on_event(event: Any) -> None:
+            done = STAGES.index(event.stage) if event.stage in STAGES else 0
+            bar.update(
+                task, completed=done, description=f"{job.id[:8]} {event.stage or event.status}"
+            )
+
+        job.wait(timeout=timeout, on_event=on_event)
+        bar.update(task, completed=len(STAGES), description=f"{job.id[:8]} {job.status}")
+    return job

@@ -1,0 +1,119 @@
+"""Jobs of a server in the terminal: one job (`torchport status`), a page of them
+(`torchport list`), and an error as `torchport export` prints it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from schemas import ErrorBody, JobPublic, JobSummary
+
+_COLOURS = {"succeeded": "green", "failed": "red", "canceled": "yellow"}
+
+
+def status_text(status: str) -> str:
+    """A job status, coloured as the summary colours it."""
+    colour = _COLOURS.get(status)
+    return f"[{colour}]{status}[/]" if colour else status
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> str:
+    return "" if start is None or end is None else f"{(end - start).total_seconds():.2f}"
+
+
+def human_size(size: int) -> str:
+    """Bytes in the largest unit that keeps a number of at least 1."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def render_error(error: ErrorBody, console: Console) -> None:
+    """The error as `torchport export` prints it: code, stage and message, the line of the
+    upload that caused it (`at file:line`), and the hint."""
+    stage = f" ({error.stage})" if error.stage else ""
+    console.print(f"[bold red]error[/] \\[{error.code}]{stage} {escape(error.message)}")
+    if error.location is not None:
+        code = escape(error.location.code or "")
+        console.print(f"  at {escape(error.location.file)}:{error.location.line}: {code}")
+    if error.hint:
+        console.print(f"[bold]hint:[/] {escape(error.hint)}")
+    if error.exportdb:
+        console.print("  related ExportDB cases: " + ", ".join(error.exportdb))
+
+
+def render_job(job: JobPublic, console: Console) -> None:
+    """The job: what was uploaded, its status and times, its stage changes, its artifacts
+    and, when it failed, its error."""
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    uploads = ", ".join(n for n in (job.model_name, job.inputs_name, job.weights_name) if n)
+    rows: list[tuple[str, str]] = [
+        ("job", job.id),
+        ("status", status_text(job.status) + (f" ({job.stage})" if job.stage else "")),
+        ("uploads", escape(uploads)),
+        ("created", _when(job.created_at)),
+        ("started", _when(job.started_at)),
+        ("finished", _when(job.finished_at)),
+        ("seconds", _seconds(job.created_at, job.finished_at)),
+        ("attempts", str(job.attempts)),
+    ]
+    if job.cache_hit:
+        rows.append(("cache hit", "yes"))
+    if job.options.targets:
+        rows.append(("targets", ", ".join(job.options.targets)))
+    if job.webhook is not None:
+        rows.append(("webhook", job.webhook.status))
+    if job.expired_at is not None:
+        rows.append(("expired", _when(job.expired_at)))
+    for name, value in rows:
+        if value:
+            facts.add_row(name, value)
+    console.print(facts)
+
+    changes = [e for e in job.stages if e.status != "progress"]
+    if changes:
+        stages = Table("at", "stage", "status", title="Stages", title_justify="left")
+        for event in changes:
+            stages.add_row(_when(event.at), event.stage or "", event.status)
+        console.print(stages)
+    if job.artifacts:
+        table = Table("artifact", "size", "sha256", title="Artifacts", title_justify="left")
+        for artifact in job.artifacts:
+            table.add_row(artifact.name, human_size(artifact.size), artifact.sha256[:16])
+        console.print(table)
+    if job.error is not None and job.status != "canceled":
+        render_error(job.error, console)
+
+
+def render_jobs(items: list[JobSummary], console: Console) -> None:
+    """A page of job summaries, newest first."""
+    table = Table(title_justify="left")
+    table.add_column("job", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for name in ("error", "seconds", "created", "model"):
+        table.add_column(name)
+    for item in items:
+        status = status_text(item.status) + (f" ({item.stage})" if item.stage else "")
+        if item.cache_hit:
+            status += " (cache hit)"
+        table.add_row(
+            item.id,
+            status,
+            item.error.code if item.error else "",
+            _seconds(item.created_at, item.finished_at),
+            _when(item.created_at),
+            escape(item.model_name or ""),
+        )
+    console.print(table)
