@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from persistence.models import ApiKey, utcnow
+from persistence.webhook_secrets import new_secret
 from service.errors import NotFound, Unauthorized
 
 KEY_PREFIX = "tp_"
@@ -57,7 +58,7 @@ def create_key(session: Session, name: str) -> CreatedKey:
         id=secrets.token_hex(8),
         name=name,
         key_hash=hash_key(secret),
-        webhook_secret=secrets.token_urlsafe(32),
+        webhook_secret=new_secret(),
         created_at=utcnow(),
     )
     session.add(key)
