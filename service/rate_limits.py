@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.errors import StorageError
@@ -68,14 +69,20 @@ class RateLimit:
         stats = limiter.get_window_stats(self.item, identity)
         return max(0.001, stats.reset_time - time.time())
 
+    def _ask(
+        self, question: Callable[[MovingWindowRateLimiter, str], float | None], identity: str
+    ) -> float | None:
+        """Ask the shared count, or this process's own when Redis does not answer."""
+        try:
+            return question(self._limiter(), identity)
+        except (StorageError, OSError):
+            logger.warning("rate limits: Redis did not answer; limiting per process")
+            return question(self._local, identity)
+
     def hit(self, identity: str) -> float | None:
         """Count one event of `identity`: None when it was within the limit (and counted),
         else the seconds until one more is allowed (and not counted)."""
-        try:
-            return self._hit(self._limiter(), identity)
-        except (StorageError, OSError):
-            logger.warning("rate limits: Redis did not answer; limiting per process")
-            return self._hit(self._local, identity)
+        return self._ask(self._hit, identity)
 
     def _hit(self, limiter: MovingWindowRateLimiter, identity: str) -> float | None:
         if limiter.hit(self.item, identity):
@@ -85,11 +92,7 @@ class RateLimit:
     def blocked(self, identity: str) -> float | None:
         """Without counting: None when `identity` may have one more event, else the seconds
         until it may."""
-        try:
-            return self._blocked(self._limiter(), identity)
-        except (StorageError, OSError):
-            logger.warning("rate limits: Redis did not answer; limiting per process")
-            return self._blocked(self._local, identity)
+        return self._ask(self._blocked, identity)
 
     def _blocked(self, limiter: MovingWindowRateLimiter, identity: str) -> float | None:
         if limiter.test(self.item, identity):
