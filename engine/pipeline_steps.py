@@ -27,6 +27,7 @@ from engine.export_run import ExportRun
 from engine.model import LoadedModel
 from engine.shape_examples import suggest_spec
 from engine.shape_grammar import to_torch
+from engine.shape_structure import complete
 from schemas import ReportWarning, VerificationReport, dynamic_shapes_adapter
 from schemas.text import without_surrogates
 
@@ -246,11 +247,13 @@ DRAFT_WORTHY = frozenset(
 
 def draft_section(loaded: LoadedModel, spec: Any, source: str) -> list[Any]:
     """draft_export's issue list; non-strict, since strict drafts stop at graph breaks."""
-    if source == "options":
-        try:
+    try:
+        if source == "options":
             spec = to_torch(spec, loaded.module, loaded.args, loaded.kwargs)
-        except ExportError:
-            spec = None
+        elif source == "module":
+            spec = complete(spec, loaded.module, loaded.args, loaded.kwargs)
+    except ExportError:
+        spec = None
     return draft.draft_issues(loaded, spec, strict=False)
 
 
