@@ -66,6 +66,7 @@ def convert_targets(
     verified in its runtime; a failed one is a `target_failed` warning, or the job's
     error when `targets_required`."""
     from engine import targets
+    from engine.targets import failed_ops
 
     options = run.request.options
     wanted = [name for name in targets.ORDER if name in options.targets]
@@ -84,6 +85,9 @@ def convert_targets(
                 names=names,
                 generation=loaded.generation,
             )
+            if result.error is not None:  # name the op it failed on, and the user's line
+                pinned = failed_ops.pinpoint(result.error, (ep, traced), loaded.source_map)
+                result = result.model_copy(update={"error": pinned})
             run.targets[name] = result
             if result.status == "succeeded" and result.artifact is not None:
                 for written in result.artifacts or [result.artifact]:
@@ -98,7 +102,10 @@ def convert_targets(
             details = {**(error.details if error is not None else {}), "target": name}
             if options.targets_required:
                 raise TargetFailed(
-                    message, hint=error.hint if error is not None else None, details=details
+                    message,
+                    hint=error.hint if error is not None else None,
+                    location=error.location if error is not None else None,
+                    details=details,
                 )
             run.warnings.append(
                 ReportWarning(code="target_failed", message=message, details=details)

@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 from engine import verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
-from engine.targets import encoders
+from engine.targets import encoders, failed_ops
 from schemas import (
     ErrorBody,
     ExportOptions,
@@ -407,6 +407,7 @@ def _error(name: str, exc: BaseException) -> ErrorBody:
         message = f"{name}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
         hint = _HINTS[name]
         details = {"exception": type(exc).__name__}
+    details.update(failed_ops.named_op(exc))
     details["target"] = name
     return error_body("target_failed", message, hint=hint, stage="converting", details=details)
 
