@@ -235,6 +235,52 @@ def test_a_failed_job_offers_the_dimension_editor_from_its_inputs(
         fresh.context.close()
 
 
+def test_a_failure_unrelated_to_shapes_leaves_the_dimension_editor_empty(
+    page: Any, server: Server
+) -> None:
+    job_id = submit(page, MODELS / "data_dependent_batch.py")
+    page.wait_for_selector("[data-card=dynamic-shapes] input[data-dim='x.0']", timeout=120_000)
+    report = server.api(f"v1/exports/{job_id}/artifacts/report.json")
+    assert report["error"]["code"] == "data_dependent"
+    assert report["tracing"]["dynamic_shapes"]["suggested"] == {
+        "x": {"0": {"name": "batch", "min": 1}}
+    }
+    assert page.get_attribute("[data-card=dynamic-shapes]", "data-prefill") == "none"
+    assert page.locator("[data-card=dynamic-shapes] input[data-dim]:checked").count() == 0
+    assert json.loads(page.text_content("#reexport-spec") or "0") is None
+
+
+def test_the_dimension_editor_starts_from_a_proposal_only_for_shape_failures(page: Any) -> None:
+    page.goto("/")
+    starts = page.evaluate(
+        """async () => {
+          const m = await import('./web/failure.js');
+          const proposed = {x: {"0": {name: "batch", min: 1}}};
+          const asked = {x: {"0": {name: "n", max: 8}}};
+          const report = {tracing: {dynamic_shapes: {requested: null, suggested: proposed}}};
+          const job = {options: {dynamic_shapes: null}};
+          const spec = {tracing: {dynamic_shapes: {requested: asked, suggested: null}}};
+          return [
+            m.editorSpec(job, {code: "data_dependent", stage: "tracing"}, report),
+            m.editorSpec(job, {code: "verification_failed", stage: "verifying"}, report),
+            m.editorSpec(job, {code: "dynamic_shape_violation", stage: "tracing"}, report),
+            m.editorSpec(job, {code: "invalid_request", stage: "tracing",
+                               details: {path: "x.0", reason: "undeclared_dim"}}, report),
+            m.editorSpec({options: {dynamic_shapes: asked}},
+                         {code: "data_dependent", stage: "tracing"}, spec),
+          ].map((s) => [s.from, s.spec]);
+        }"""
+    )
+    proposed = {"x": {"0": {"name": "batch", "min": 1}}}
+    assert starts == [
+        ["none", None],
+        ["none", None],
+        ["suggested", proposed],
+        ["suggested", proposed],
+        ["requested", {"x": {"0": {"name": "n", "max": 8}}}],
+    ]
+
+
 def test_cancel_stops_a_running_job(page: Any, server: Server, tmp_path: Path) -> None:
     slow = tmp_path / "slow_60.py"
     slow.write_bytes((ROOT / "tests" / "models" / "service_slow.py").read_bytes())
