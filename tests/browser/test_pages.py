@@ -349,6 +349,35 @@ def test_the_jobs_list_filters_by_status(page: Any, server: Server) -> None:
     assert page.get_attribute("#error-code", "data-code") == failed[0]["error"]["code"]
 
 
+def test_the_header_and_the_jobs_list_say_what_a_job_asked_for(page: Any, server: Server) -> None:
+    # dynamic shapes declared at module level, none in the options
+    module_spec = submit(page, ROOT / "tests" / "models" / "trace_shared_batch.py")
+    page.wait_for_selector("[data-card=graph]", timeout=120_000)
+    assert page.get_attribute("[data-fact=shapes]", "data-shapes") == "module"
+    report = server.api(f"v1/exports/{module_spec}/artifacts/report.json")
+    assert report["tracing"]["dynamic_shapes"]["source"] == "module"
+    asked = httpx.post(
+        f"{server.url}v1/exports",
+        files={"model": ("targets.py", b"model = 1\n")},
+        data={"options": json.dumps({"targets": ["onnx", "aoti"]})},
+        timeout=10,
+    ).json()["id"]
+    page.goto("/#/jobs")
+    page.wait_for_selector(f"#jobs-table tr[data-job='{asked}']")
+    targets = page.locator("#jobs-table tr[data-job] td[data-field=targets]")
+    by_job = dict(
+        zip(
+            page.locator("#jobs-table tr[data-job]").evaluate_all(
+                "rs => rs.map(r => r.dataset.job)"
+            ),
+            targets.all_text_contents(),
+            strict=True,
+        )
+    )
+    assert by_job[asked] == "onnx, aoti"
+    assert by_job[module_spec] == "—"
+
+
 def test_the_dynamic_shapes_grammar_and_fixes_in_the_browser(page: Any) -> None:
     page.goto("/")
     checked = page.evaluate(

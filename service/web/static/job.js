@@ -25,6 +25,22 @@ export function stagesOf(job) {
 
 const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
 
+/**
+ * Where the job's dynamic shapes come from, once the report says (`report.tracing.dynamic_shapes`):
+ * the options, the module's own `dynamic_shapes`, the checkpoint's task, or none (static).
+ * Before that only the options are known: without them the module may still declare some.
+ */
+export function shapesFact(job, report) {
+  const shapes = report?.tracing?.dynamic_shapes;
+  const given = job.options?.dynamic_shapes;
+  if (shapes?.source && (shapes.source !== "none" || report?.tracing?.attempts?.length)) {
+    const texts = { options: "dynamic shapes given", module: "dynamic shapes from the module", checkpoint: "dynamic shapes for the task", none: "static shapes" };
+    return { source: shapes.source, text: texts[shapes.source] || shapes.source };
+  }
+  if (given) return { source: "options", text: "dynamic shapes given" };
+  return { source: "unknown", text: "the module's dynamic shapes, if any" };
+}
+
 /** Per stage: {state, started, ended} from the job's stage events (ISO times). */
 export function stageTimeline(job) {
   const starts = new Map();
@@ -92,19 +108,20 @@ export function renderJob(root, id, navigate) {
 
   function renderHeader() {
     const o = job.options;
+    const shapes = shapesFact(job, report);
     const facts = [
       job.model_name,
       `created ${formatTime(job.created_at)}`,
       o.strict === true ? "strict" : o.strict === "auto" ? "strict, then non-strict" : "non-strict",
       `decomposition: ${o.decomposition.mode}`,
-      o.dynamic_shapes ? "dynamic shapes given" : "static shapes",
+      h("span", { "data-fact": "shapes", "data-shapes": shapes.source }, shapes.text),
       o.verify.enabled ? "verified" : "not verified",
       o.targets?.length ? `targets: ${o.targets.join(", ")}${o.targets_required ? " (required)" : ""}` : null,
       o.device,
-    ];
-    fill(header, 
+    ].filter(Boolean);
+    fill(header,
       h("h1", {}, "Export ", h("code", { class: "job-id" }, id), " ", badge(job.status)),
-      h("p", { class: "muted" }, facts.filter(Boolean).join(" · "), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
+      h("p", { class: "muted" }, ...facts.flatMap((fact, i) => (i ? [" · ", fact] : [fact])), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
     );
   }
 
@@ -141,6 +158,7 @@ export function renderJob(root, id, navigate) {
     } catch (error) {
       showNotice(error);
     }
+    renderHeader();
     renderProgress();
     if (job.status === "succeeded") {
       const [graph, signature] = await Promise.all([
