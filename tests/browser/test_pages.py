@@ -459,3 +459,36 @@ def test_the_environment_page_shows_what_the_worker_recorded(page: Any, server: 
     row.wait_for()
     assert row.get_attribute("data-imports") == "true"
     assert row.locator("td[data-field=version]").text_content() == torch["version"]
+
+
+FITS = """(sel) => {
+  const el = document.querySelector(sel);
+  const style = getComputedStyle(el);
+  const texts = el.tagName === "SELECT" ? [...el.options].map((o) => o.text) : [el.placeholder];
+  // room for the text: the box less its padding and the select's arrow / the number spinner
+  const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
+    - (el.tagName === "SELECT" ? 24 : 18);
+  const probe = document.createElement("span");
+  probe.style.font = style.font;
+  probe.style.whiteSpace = "pre";
+  probe.style.position = "absolute";
+  document.body.append(probe);
+  const widths = texts.map((t) => {
+    probe.textContent = t;
+    return probe.getBoundingClientRect().width;
+  });
+  probe.remove();
+  return widths.filter((w) => w > room).length;
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 820])
+def test_the_tracing_choices_and_the_tolerances_are_not_clipped(page: Any, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto("/")
+    page.wait_for_selector("select[name=strict]")
+    clipped = {
+        sel: page.evaluate(FITS, sel)
+        for sel in ("select[name=strict]", "input[name=atol]", "input[name=rtol]")
+    }
+    assert clipped == {"select[name=strict]": 0, "input[name=atol]": 0, "input[name=rtol]": 0}
