@@ -73,6 +73,11 @@ def convert_targets(
     with run.step("converting", ", ".join(wanted)):
         for index, name in enumerate(wanted):
             run.emit(index / len(wanted), f"{name}: converting and verifying")
+
+            def phase(what: str, index: int = index, name: str = name) -> None:
+                share = TARGET_PHASES[what]
+                run.emit((index + share) / len(wanted), f"{name}: {what}")
+
             result = targets.run_target(
                 name,
                 program=ep,
@@ -84,6 +89,7 @@ def convert_targets(
                 options=options,
                 names=names,
                 generation=loaded.generation,
+                progress=phase,
             )
             if result.error is not None:  # name the op it failed on, and the user's line
                 pinned = failed_ops.pinpoint(result.error, (ep, traced), loaded.source_map)
@@ -110,6 +116,12 @@ def convert_targets(
             run.warnings.append(
                 ReportWarning(code="target_failed", message=message, details=details)
             )
+
+
+TARGET_PHASES = {"loading": 0.7, "verifying": 0.8}
+"""Where in one target's share of `converting` its phases begin: converting it takes most
+of the time, loading and verifying the rest (a rough split; the page's estimate of the time
+left reads these fractions)."""
 
 
 def partial_verification_warning(

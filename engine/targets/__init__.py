@@ -156,6 +156,7 @@ def run_target(
     names: Mapping[str, str] | None = None,
     onnx_external_threshold: int | None = None,
     generation: Generation | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -176,6 +177,8 @@ def run_target(
             also checked by greedy generation (`TargetResult.generation`); `onnx` is then
             traced with the cache as inputs and outputs (`engine.generation.onnx_past`)
             and checked by generation only.
+        progress: told `"loading"` once the artifact is written and `"verifying"` once
+            it is loaded (the pipeline turns them into the stage's progress fraction).
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -215,7 +218,11 @@ def run_target(
             if encoder is not None:
                 settings.update(encoders.executorch_settings(encoder))
         target.convert(source, args, kwargs, path, facts=facts, **settings)
+        if progress is not None:
+            progress("loading")
         flat = target.load(path, source, **_loading(name, settings, facts))
+        if progress is not None:
+            progress("verifying")
         encoder_flat = None
         if encoder is not None:
             encoder_flat, encoder_files = encoders.convert(

@@ -492,3 +492,30 @@ def test_the_tracing_choices_and_the_tolerances_are_not_clipped(page: Any, width
         for sel in ("select[name=strict]", "input[name=atol]", "input[name=rtol]")
     }
     assert clipped == {"select[name=strict]": 0, "input[name=atol]": 0, "input[name=rtol]": 0}
+
+
+def test_a_running_stage_is_estimated_from_its_own_progress(page: Any) -> None:
+    page.goto("/")
+    estimates = page.evaluate(
+        """async () => {
+          const m = await import('./web/job.js');
+          const at = (s) => new Date(Date.UTC(2026, 0, 1, 12, 0, s)).toISOString();
+          const t0 = Date.parse(at(0));
+          const event = (stage, s, fraction) => ({stage, status: "progress", at: at(s), fraction});
+          const job = {stages: [
+            event("serializing", 0, 0), event("converting", 10, 0),
+            event("converting", 40, 0.7), event("converting", 50, 0.8),
+          ]};
+          return [
+            m.stageEstimate(job, "converting", t0 + 55_000),
+            m.stageEstimate({stages: [event("converting", 10, 0)]}, "converting", t0 + 70_000),
+            m.stageEstimate(job, "converting", t0 + 600_000),
+            m.stageEstimate(job, "verifying", t0),
+          ];
+        }"""
+    )
+    # 40 s into the stage at 0.8: 50 s in all, 5 s after the last event is 5 s left
+    assert estimates[0] == {"fraction": 0.8, "left": 5}
+    assert estimates[1] is None  # nothing reported past the start yet
+    assert estimates[2] == {"fraction": 0.8, "left": 0}
+    assert estimates[3] is None
