@@ -459,6 +459,13 @@ def test_the_environment_page_shows_what_the_worker_recorded(page: Any, server: 
     row.wait_for()
     assert row.get_attribute("data-imports") == "true"
     assert row.locator("td[data-field=version]").text_content() == torch["version"]
+    # each deployment target, and whether it works on this worker
+    recorded = {t["name"]: t["works"] for t in worker["environment"]["targets"]}
+    assert list(recorded) == ["onnx", "aoti", "executorch"]
+    shown = page.locator("table.targets[data-queue=cpu] tr[data-target]").evaluate_all(
+        "rows => rows.map(r => [r.dataset.target, r.dataset.works])"
+    )
+    assert shown == [[name, json.dumps(works)] for name, works in recorded.items()]
 
 
 FITS = """(sel) => {
