@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import MAX_MODEL_BYTES, MODELS, ROOT, Server
+from tests.browser.conftest import MAX_MODEL_BYTES, MODELS, ROOT, Server, assert_archive_of
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +103,12 @@ def test_shared_batch_exports_and_the_graph_finds_a_node(page: Any, server: Serv
     sha = next(a["sha256"] for a in job["artifacts"] if a["name"] == "program.pt2")
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha
     assert zipfile.is_zipfile(path)
+
+    # "Download all": every artifact in one zip from artifacts.zip, as the job lists them.
+    with page.expect_download() as download_info:
+        page.click("#download-all")
+    assert download_info.value.suggested_filename == f"{job_id}.zip"
+    assert_archive_of(Path(download_info.value.path()), job)
 
     # The Model Explorer graph has every node of graph.json, and edges only between them.
     with page.expect_download() as download_info:
