@@ -91,9 +91,9 @@ function downloads(job, graph) {
   }
   const total = (job.artifacts || []).reduce((sum, a) => sum + a.size, 0);
   const all = h("button", { type: "button", class: "secondary", id: "download-all" },
-    "Download all", h("span", { class: "muted" }, ` ${job.artifacts?.length || 0} files, ${formatBytes(total)}, as ${job.id.slice(0, 8)}….zip`));
+    "Download all", h("span", { class: "muted" }, ` ${job.artifacts?.length || 0} files, ${formatBytes(total)}, one zip`));
   all.addEventListener("click", () => downloadArchive(job.id));
-  return card("Downloads", h("div", { class: "actions" }, all), h("div", { class: "downloads" }, buttons),
+  return card("Downloads", h("div", { class: "actions download-all" }, all), h("div", { class: "downloads" }, buttons),
     h("p", { class: "muted small" }, "Load the program with ", h("code", {}, 'ep = torch.export.load("program.pt2"); ep.module()(*inputs)'),
       ". Open the Model Explorer file with ", h("code", {}, "model-explorer model-explorer.json"), " or its web app's upload."));
 }
