@@ -41,6 +41,7 @@ from engine.exception_text import (
     python_expression,
     qualified_op,
     readable_sources,
+    spec_key_mismatch,
     user_error_type,
 )
 from engine.source_map import SourceMap
@@ -243,7 +244,12 @@ def _shape_violation(
         details["invalid_spec"] = True
         body = first_paragraph(essential(link_text(chain, "UserError") or text))
         message = f"The dynamic_shapes spec does not fit the inputs: {body}"
-        hint = "Give each input's spec the same structure as the input (dict or list)."
+        missing, unexpected = spec_key_mismatch(text)
+        if missing or unexpected:
+            details.update(missing_keys=missing, unexpected_keys=unexpected)
+            hint = _key_mismatch_hint(missing, unexpected)
+        else:
+            hint = "Give each input's spec the same structure as the input (dict or list)."
     else:
         # torch's advice after the first sentence is about APIs we hide (mark_dynamic)
         body = " ".join(v.split(". ")[0].rstrip(".") + "." for v in violations)
@@ -262,6 +268,17 @@ def _shape_violation(
         else:
             hint = "Narrow the ranges or relations in dynamic_shapes to what the code allows."
     return DynamicShapeViolation, source_map.scrub(message), hint, details
+
+
+def _key_mismatch_hint(missing: list[str], unexpected: list[str]) -> str:
+    parts = []
+    if missing:
+        keys = ", ".join(f"`{key}`" for key in missing)
+        parts.append(f"Add {keys} to dynamic_shapes (None keeps an input static)")
+    if unexpected:
+        keys = ", ".join(f"`{key}`" for key in unexpected)
+        parts.append(f"remove {keys}, which the inputs do not have")
+    return "; ".join(parts) + "."
 
 
 def _user_error(

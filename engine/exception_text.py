@@ -10,6 +10,7 @@ innermost frame of user code (`locate`). Also the small rewrites the messages us
 
 from __future__ import annotations
 
+import ast
 import re
 import traceback
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ __all__ = [
     "python_expression",
     "qualified_op",
     "readable_sources",
+    "spec_key_mismatch",
     "user_error_type",
 ]
 
@@ -70,6 +72,16 @@ _CONSTANT_STR = re.compile(r'ConstantVariable\(str: "(?P<text>.*)"\)', re.DOTALL
 _EXPORTDB_LINK = re.compile(r"exportdb/index\.html#[\w-]+")
 _SIZE_SOURCE = re.compile(r"L\['(?P<arg>\w+)'\]\.size\(\)\[(?P<dim>\d+)\]")
 _ATEN_NAMESPACES = frozenset({"aten", "prims", "prim"})
+# torch's two ways of saying a dict spec's keys are not the input's (torch/export/dynamic_shapes.py)
+_TOP_LEVEL_KEYS = re.compile(
+    r"top-level keys must be the arg names (?P<expected>\[[^\]]*\]) of `\w+`, "
+    r"but here they are (?P<got>\[[^\]]*\])"
+)
+_NESTED_KEYS = re.compile(
+    r"`\w+(?P<path>[^`]*)` has keys (?P<expected>\[[^\]]*\]), "
+    r"but `dynamic_shapes[^`]*` has keys (?P<got>\[[^\]]*\])"
+)
+_KEY_PATH_PART = re.compile(r"\[(?:'(?P<key>[^']*)'|(?P<index>\d+))\]")
 
 
 def locate(exc: BaseException, source_map: SourceMap) -> SourceLocation | None:
@@ -224,6 +236,30 @@ def branch_condition(code: str | None) -> str | None:
 def readable_sources(text: str) -> str:
     """`L['x'].size()[0]` → `x.shape[0]`: dynamo's guard sources as the user names them."""
     return _SIZE_SOURCE.sub(lambda m: f"{m['arg']}.shape[{m['dim']}]", text)
+
+
+def spec_key_mismatch(text: str) -> tuple[list[str], list[str]]:
+    """The keys torch says a dict dynamic-shapes spec lacks and has too many, dotted
+    (`use_cache`, `extra.mask`); two empty lists when the text says neither."""
+    for pattern in (_TOP_LEVEL_KEYS, _NESTED_KEYS):
+        match = pattern.search(text)
+        if match is None:
+            continue
+        try:
+            expected = [str(k) for k in ast.literal_eval(match["expected"])]
+            got = [str(k) for k in ast.literal_eval(match["got"])]
+        except (ValueError, SyntaxError):
+            continue
+        parts = [
+            p["key"] or p["index"]
+            for p in _KEY_PATH_PART.finditer(match.groupdict().get("path") or "")
+        ]
+        prefix = "".join(f"{part}." for part in parts)
+        return (
+            [prefix + key for key in expected if key not in got],
+            [prefix + key for key in got if key not in expected],
+        )
+    return [], []
 
 
 def python_expression(expr: str) -> str:

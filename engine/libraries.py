@@ -5,7 +5,8 @@ Never imports torch (or any library it describes): versions come from package me
 (`importlib.metadata`), and whether a library loads is checked by importing it in a
 fresh interpreter started like the sandbox's zygote (`python -I`, a scrubbed
 environment), with a time limit. The worker (at start) and `torchport env` use
-`describe_environment`; the export pipeline uses `imported_libraries` and
+`describe_environment` (which also says whether each deployment target works, from
+`engine.target_requirements`); the export pipeline uses `imported_libraries` and
 `check_requirements` in its loading stage.
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from engine import target_requirements
 from schemas import MODEL_LIBRARIES, EnvironmentDescription, LibraryInfo
 
 OUR_PACKAGES = frozenset({"engine", "schemas", "service", "worker", "torchport"})
@@ -51,6 +53,9 @@ LOAD_CHECKS: dict[str, str] = {
     "numpy": "import numpy",
 }
 """How each model library is checked: the statement run in the fresh interpreter."""
+
+_TARGET_CHECK = "target:"
+"""Prefix of a deployment target's import check among the libraries' (`target:onnx`)."""
 
 CHECK_TIMEOUT_S = 180.0
 """The import checks together may take this long (torch alone takes seconds)."""
@@ -227,6 +232,14 @@ def describe_environment(
     checks: dict[str, str] = {}
     if check:
         checks = {name: LOAD_CHECKS[name] for name in MODEL_LIBRARIES if name in installed}
+        # each target whose modules are all there: do they import too?
+        checks.update(
+            {
+                _TARGET_CHECK + name: statement
+                for name, statement in target_requirements.IMPORT_CHECKS.items()
+                if not target_requirements.missing(name)
+            }
+        )
     started = time.perf_counter()
     cache = _check_cache(installed, python) if checks else None
     checked = _cached_checks(cache, checks)
@@ -263,12 +276,18 @@ def describe_environment(
         )
     torch = installed.get("torch")
     ours = installed.get("torchport")
+    target_imports = {
+        name.removeprefix(_TARGET_CHECK): (result.ok, result.error)
+        for name, result in checked.items()
+        if name.startswith(_TARGET_CHECK)
+    }
     return EnvironmentDescription(
         python=platform.python_version(),
         platform=platform.platform(),
         torchport=ours.version if ours is not None else None,
         torch=torch.version if torch is not None else None,
         libraries=libraries,
+        targets=target_requirements.describe_targets(target_imports if check else None),
         described_at=datetime.now(UTC),
         check_duration_s=round(duration, 3) if duration is not None else None,
     )

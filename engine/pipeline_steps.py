@@ -27,6 +27,7 @@ from engine.export_run import ExportRun
 from engine.model import LoadedModel
 from engine.shape_examples import suggest_spec
 from engine.shape_grammar import to_torch
+from engine.shape_structure import complete
 from schemas import ReportWarning, VerificationReport, dynamic_shapes_adapter
 from schemas.text import without_surrogates
 
@@ -65,12 +66,18 @@ def convert_targets(
     verified in its runtime; a failed one is a `target_failed` warning, or the job's
     error when `targets_required`."""
     from engine import targets
+    from engine.targets import failed_ops
 
     options = run.request.options
     wanted = [name for name in targets.ORDER if name in options.targets]
     with run.step("converting", ", ".join(wanted)):
         for index, name in enumerate(wanted):
             run.emit(index / len(wanted), f"{name}: converting and verifying")
+
+            def phase(what: str, index: int = index, name: str = name) -> None:
+                share = TARGET_PHASES[what]
+                run.emit((index + share) / len(wanted), f"{name}: {what}")
+
             result = targets.run_target(
                 name,
                 program=ep,
@@ -82,7 +89,11 @@ def convert_targets(
                 options=options,
                 names=names,
                 generation=loaded.generation,
+                progress=phase,
             )
+            if result.error is not None:  # name the op it failed on, and the user's line
+                pinned = failed_ops.pinpoint(result.error, (ep, traced), loaded.source_map)
+                result = result.model_copy(update={"error": pinned})
             run.targets[name] = result
             if result.status == "succeeded" and result.artifact is not None:
                 for written in result.artifacts or [result.artifact]:
@@ -97,11 +108,20 @@ def convert_targets(
             details = {**(error.details if error is not None else {}), "target": name}
             if options.targets_required:
                 raise TargetFailed(
-                    message, hint=error.hint if error is not None else None, details=details
+                    message,
+                    hint=error.hint if error is not None else None,
+                    location=error.location if error is not None else None,
+                    details=details,
                 )
             run.warnings.append(
                 ReportWarning(code="target_failed", message=message, details=details)
             )
+
+
+TARGET_PHASES = {"loading": 0.7, "verifying": 0.8}
+"""Where in one target's share of `converting` its phases begin: converting it takes most
+of the time, loading and verifying the rest (a rough split; the page's estimate of the time
+left reads these fractions)."""
 
 
 def partial_verification_warning(
@@ -246,11 +266,13 @@ DRAFT_WORTHY = frozenset(
 
 def draft_section(loaded: LoadedModel, spec: Any, source: str) -> list[Any]:
     """draft_export's issue list; non-strict, since strict drafts stop at graph breaks."""
-    if source == "options":
-        try:
+    try:
+        if source == "options":
             spec = to_torch(spec, loaded.module, loaded.args, loaded.kwargs)
-        except ExportError:
-            spec = None
+        elif source == "module":
+            spec = complete(spec, loaded.module, loaded.args, loaded.kwargs)
+    except ExportError:
+        spec = None
     return draft.draft_issues(loaded, spec, strict=False)
 
 

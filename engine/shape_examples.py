@@ -18,7 +18,7 @@ from torch.export import Dim
 from torch.export.dynamic_shapes import _DerivedDim, _StaticDim
 
 from engine.errors import InvalidRequest
-from engine.shape_grammar import combined_inputs, join_path
+from engine.shape_structure import combined_inputs, join_path
 
 __all__ = ["WIDENED_SIZE", "Widened", "suggest_spec", "widen_size_one_dims"]
 

@@ -5,7 +5,9 @@ against the example inputs.
 dict is a per-dimension spec or mirrors a container argument is decided against the
 example inputs: per-dimension where the example is a tensor. Names may be referenced
 before they are declared: dims are collected first (`_Slot`s), declarations read in a
-first pass, every dim resolved in a second.
+first pass, every dim resolved in a second. The spec's structure (arguments, containers,
+what it leaves out) is walked by `engine.shape_structure`, by the same rules as a module's
+own torch-form spec.
 
 Every mistake in a spec raises `InvalidRequest` with `details = {"path", "reason"}`;
 `path` is dotted into the spec as the user wrote it (`"x.0"`, `"1.mask.2"`), `reason`
@@ -14,7 +16,6 @@ a stable token (see `REASONS`).
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +25,18 @@ from pydantic import BaseModel
 from torch.export import Dim
 from torch.export.dynamic_shapes import _DimHint
 
-from engine.errors import InvalidRequest
+from engine.shape_structure import (
+    Leaf,
+    combined_inputs,
+    invalid,
+    is_declaration,
+    join_path,
+    walk_arguments,
+)
 from schemas import parse_dim_expression
 from schemas.dynamic_shapes import DIM_NAME_PATTERN, KEYWORDS
 
-__all__ = ["REASONS", "combined_inputs", "join_path", "plain_json", "to_torch"]
+__all__ = ["REASONS", "plain_json", "to_torch"]
 
 REASONS = (
     "invalid_spec",
@@ -54,21 +62,7 @@ REASONS = (
 """Every `details["reason"]` that `to_torch` raises."""
 
 _HINTS: dict[str, _DimHint] = {"auto": Dim.AUTO, "dynamic": Dim.DYNAMIC, "static": Dim.STATIC}
-_DECLARATION_KEYS = frozenset({"name", "min", "max", "expr"})
 _NAME = re.compile(f"^{DIM_NAME_PATTERN}$")
-
-
-def _invalid(path: str, reason: str, message: str, **extra: Any) -> InvalidRequest:
-    return InvalidRequest(
-        f"dynamic_shapes{'.' + path if path else ''}: {message}",
-        stage="tracing",
-        details={"path": path, "reason": reason, **extra},
-        hint="See the dynamic-shapes grammar in the contract (docs/contract.md §3).",
-    )
-
-
-def join_path(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
 
 
 def plain_json(spec: Any) -> Any:
@@ -97,16 +91,6 @@ class _Declared:
     path: str
 
 
-def combined_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
-    """forward's parameters bound to the example inputs, as torch.export binds them."""
-    signature = inspect.signature(module.forward)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise _invalid("", "invalid_spec", f"example inputs do not fit forward: {exc}") from exc
-    return signature, dict(bound.arguments)
-
-
 def to_torch(
     spec: Any, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -131,23 +115,9 @@ def to_torch(
     if spec == "auto":
         return {name: _auto(value) for name, value in combined.items()}
     slots: list[_Slot] = []
-    structure: dict[str, Any] | list[Any]
-    if isinstance(spec, dict):
-        structure = _top_level_dict(spec, signature, combined, slots)
-    elif isinstance(spec, list):
-        values = list(combined.values())
-        if len(spec) > len(values):
-            raise _invalid(
-                str(len(values)),
-                "too_many_arguments",
-                f"{len(spec)} entries for {len(values)} inputs",
-            )
-        padded = spec + [None] * (len(values) - len(spec))
-        structure = [
-            _walk(s, v, str(i), slots) for i, (s, v) in enumerate(zip(padded, values, strict=True))
-        ]
-    else:
-        raise _invalid("", "invalid_spec", 'expected "auto", an object or a list')
+    if not isinstance(spec, dict | list):
+        raise invalid("", "invalid_spec", 'expected "auto", an object or a list')
+    structure = walk_arguments(spec, signature, combined, _json_leaf(slots), declarations=True)
     declared = _declarations(slots)
     resolved = {id(slot): _resolve(slot, declared) for slot in slots}
     return _fill(structure, resolved)
@@ -163,84 +133,26 @@ def _auto(value: Any) -> Any:
     return None
 
 
-def _top_level_dict(
-    spec: dict[str, Any],
-    signature: inspect.Signature,
-    combined: dict[str, Any],
-    slots: list[_Slot],
-) -> dict[str, Any]:
-    var_keyword = next(
-        (p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None
-    )
-    structure: dict[str, Any] = {name: None for name in combined}
-    extra: dict[str, Any] = {}
-    for name, arg_spec in spec.items():
-        if name in combined and name != var_keyword:
-            structure[name] = _walk(arg_spec, combined[name], name, slots)
-        elif var_keyword is not None and name in combined.get(var_keyword, {}):
-            # forward(self, x, **kw): the user names the keyword, not "kw"
-            extra[name] = _walk(arg_spec, combined[var_keyword][name], name, slots)
-        elif name == var_keyword:
-            structure[name] = _walk(arg_spec, combined[name], name, slots)
-        elif name in signature.parameters:
-            raise _invalid(name, "argument_not_given", f"no example input for {name!r}")
-        else:
-            raise _invalid(
-                name,
-                "unknown_argument",
-                f"forward has no argument {name!r}",
-                arguments=list(combined),
-            )
-    if extra and var_keyword is not None:
-        kw_spec = structure[var_keyword] or {}
-        structure[var_keyword] = {
-            key: extra.get(key, kw_spec.get(key)) for key in combined[var_keyword]
-        }
-    return structure
-
-
 def _is_dim_leaf(spec: Any) -> bool:
-    return spec is None or isinstance(spec, int | str) or _is_declaration(spec)
+    return spec is None or isinstance(spec, int | str) or is_declaration(spec)
 
 
-def _is_declaration(spec: Any) -> bool:
-    return isinstance(spec, dict) and "name" in spec and set(spec) <= _DECLARATION_KEYS
+def _json_leaf(slots: list[_Slot]) -> Leaf:
+    """The JSON form at a tensor (its dims become `_Slot`s) or a scalar input."""
 
+    def leaf(spec: Any, value: Any, path: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            return _tensor_spec(spec, value, path, slots)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and spec in ("auto", "dynamic", "static")
+        ):
+            # torch.export accepts Dim hints for int inputs
+            return _HINTS[spec]
+        raise invalid(path, "not_a_tensor", f"the input is a {type(value).__name__}, not a tensor")
 
-def _walk(spec: Any, value: Any, path: str, slots: list[_Slot]) -> Any:
-    """Check one argument's spec against its example; dims become `_Slot`s."""
-    if spec is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return _tensor_spec(spec, value, path, slots)
-    if isinstance(value, list | tuple):
-        if not isinstance(spec, list) or len(spec) != len(value):
-            raise _invalid(
-                path,
-                "structure_mismatch",
-                f"expected a list of {len(value)} entries mirroring the input",
-            )
-        return type(value)(
-            _walk(s, v, join_path(path, i), slots)
-            for i, (s, v) in enumerate(zip(spec, value, strict=True))
-        )
-    if isinstance(value, dict):
-        if not isinstance(spec, dict) or _is_declaration(spec):
-            raise _invalid(path, "structure_mismatch", "expected an object mirroring the input")
-        for key in spec:
-            if key not in value:
-                raise _invalid(join_path(path, key), "unknown_key", f"the input has no key {key!r}")
-        return {
-            key: _walk(spec.get(key), v, join_path(path, key), slots) for key, v in value.items()
-        }
-    if (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and spec in ("auto", "dynamic", "static")
-    ):
-        # torch.export accepts Dim hints for int inputs
-        return _HINTS[spec]
-    raise _invalid(path, "not_a_tensor", f"the input is a {type(value).__name__}, not a tensor")
+    return leaf
 
 
 def _tensor_spec(spec: Any, value: torch.Tensor, path: str, slots: list[_Slot]) -> Any:
@@ -250,30 +162,30 @@ def _tensor_spec(spec: Any, value: torch.Tensor, path: str, slots: list[_Slot]) 
         return {i: _HINTS[spec.strip()] for i in range(rank)}
     if isinstance(spec, list):
         if len(spec) != rank:
-            raise _invalid(path, "rank_mismatch", f"{len(spec)} dims given, the tensor has {rank}")
+            raise invalid(path, "rank_mismatch", f"{len(spec)} dims given, the tensor has {rank}")
         return [_slot(s, value, i, join_path(path, i), slots) for i, s in enumerate(spec)]
-    if isinstance(spec, dict) and not _is_declaration(spec):
+    if isinstance(spec, dict) and not is_declaration(spec):
         out: dict[int, Any] = {}
         for key, dim in spec.items():
             dim_path = join_path(path, key)
             try:
                 index = int(key)
             except (TypeError, ValueError):
-                raise _invalid(dim_path, "invalid_dim_index", "dim keys are indices") from None
+                raise invalid(dim_path, "invalid_dim_index", "dim keys are indices") from None
             if not 0 <= index < rank:
-                raise _invalid(
+                raise invalid(
                     dim_path, "dim_out_of_range", f"the tensor has {rank} dims", rank=rank
                 )
             out[index] = _slot(dim, value, index, dim_path, slots)
         return out
-    raise _invalid(path, "invalid_spec", "a tensor's spec is an object or a list of dims")
+    raise invalid(path, "invalid_spec", "a tensor's spec is an object or a list of dims")
 
 
 def _slot(spec: Any, value: torch.Tensor, index: int, path: str, slots: list[_Slot]) -> Any:
     if spec is None:
         return None
     if not _is_dim_leaf(spec) or isinstance(spec, bool):
-        raise _invalid(path, "invalid_dim", "a dim is a declaration, a name, a keyword or an int")
+        raise invalid(path, "invalid_dim", "a dim is a declaration, a name, a keyword or an int")
     slot = _Slot(path, spec, int(value.shape[index]))
     slots.append(slot)
     return slot
@@ -287,11 +199,11 @@ def _declarations(slots: list[_Slot]) -> dict[str, _Declared]:
             continue
         name = slot.spec.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise _invalid(slot.path, "invalid_dim", "a dim name is an identifier")
+            raise invalid(slot.path, "invalid_dim", "a dim name is an identifier")
         if name in KEYWORDS:
-            raise _invalid(slot.path, "reserved_name", f"{name!r} is a keyword", name=name)
+            raise invalid(slot.path, "reserved_name", f"{name!r} is a keyword", name=name)
         if name in declared:
-            raise _invalid(
+            raise invalid(
                 slot.path,
                 "duplicate_dim",
                 f"{name!r} is declared twice (first at {declared[name].path})",
@@ -301,9 +213,9 @@ def _declarations(slots: list[_Slot]) -> dict[str, _Declared]:
         low, high = slot.spec.get("min"), slot.spec.get("max")
         for bound in (low, high):
             if bound is not None and (not isinstance(bound, int) or bound < 0):
-                raise _invalid(slot.path, "invalid_range", "min and max are integers >= 0")
+                raise invalid(slot.path, "invalid_range", "min and max are integers >= 0")
         if low is not None and high is not None and high <= low:
-            raise _invalid(slot.path, "invalid_range", "max must exceed min", name=name)
+            raise invalid(slot.path, "invalid_range", "max must exceed min", name=name)
         declared[name] = _Declared(Dim(name, min=low, max=high), slot.path)
     return declared
 
@@ -313,7 +225,7 @@ def _resolve(slot: _Slot, declared: dict[str, _Declared]) -> Any:
     spec = slot.spec
     if isinstance(spec, int):
         if spec != slot.size:
-            raise _invalid(
+            raise invalid(
                 slot.path,
                 "static_size_mismatch",
                 f"static size {spec}, but the example has {slot.size}",
@@ -329,14 +241,14 @@ def _resolve(slot: _Slot, declared: dict[str, _Declared]) -> Any:
             return dim
         parsed = _parse(slot.path, expr)
         if isinstance(parsed, str) or parsed[1] != spec["name"]:
-            raise _invalid(slot.path, "invalid_dim_expression", "expr must use the declared name")
+            raise invalid(slot.path, "invalid_dim_expression", "expr must use the declared name")
         return _derive(slot.path, dim, parsed[0], parsed[2])
     parsed = _parse(slot.path, spec)
     if isinstance(parsed, str):
         return _HINTS[parsed]
     coeff, name, offset = parsed
     if name not in declared:
-        raise _invalid(slot.path, "undeclared_dim", f"{name!r} is not declared", name=name)
+        raise invalid(slot.path, "undeclared_dim", f"{name!r} is not declared", name=name)
     root = declared[name].dim
     if coeff == 1 and offset == 0:
         _check_size(slot, root)
@@ -348,13 +260,13 @@ def _parse(path: str, text: str) -> tuple[int, str, int] | str:
     try:
         return parse_dim_expression(text)
     except ValueError:
-        raise _invalid(path, "invalid_dim_expression", f"cannot read {text!r}") from None
+        raise invalid(path, "invalid_dim_expression", f"cannot read {text!r}") from None
 
 
 def _check_size(slot: _Slot, dim: Dim) -> None:
     low, high = int(dim.min), dim.max
     if slot.size < low or (isinstance(high, int) and slot.size > high):
-        raise _invalid(
+        raise invalid(
             slot.path,
             "size_out_of_range",
             f"the example's size {slot.size} is outside {dim!r}",
@@ -364,9 +276,9 @@ def _check_size(slot: _Slot, dim: Dim) -> None:
 
 def _derive(path: str, root: Dim, coeff: int, offset: int) -> Dim:
     if coeff < 1:
-        raise _invalid(path, "invalid_dim_expression", "the coefficient must be positive")
+        raise invalid(path, "invalid_dim_expression", "the coefficient must be positive")
     if coeff * int(root.min) + offset < 0:
-        raise _invalid(
+        raise invalid(
             path,
             "derived_dim_negative",
             f"at {root.__name__}={root.min} the dim would be negative: raise its min",
@@ -386,5 +298,8 @@ def _fill(structure: Any, resolved: dict[int, Any]) -> Any:
     if isinstance(structure, dict):
         return {k: _fill(v, resolved) for k, v in structure.items()}
     if isinstance(structure, list | tuple):
-        return type(structure)(_fill(v, resolved) for v in structure)
+        items = [_fill(v, resolved) for v in structure]
+        if hasattr(structure, "_fields"):  # a namedtuple
+            return type(structure)(*items)
+        return type(structure)(items)
     return structure

@@ -32,6 +32,7 @@ from engine.model import LoadedModel
 from engine.shape_examples import WIDENED_SIZE, Widened, widen_size_one_dims
 from engine.shape_grammar import plain_json, to_torch
 from engine.shape_json import apply_fixes, fix_to_json, suggested_fixes, to_json
+from engine.shape_structure import complete
 from schemas import (
     DynamicShapeFix,
     DynamicShapesReport,
@@ -206,7 +207,8 @@ def _torch_spec(loaded: LoadedModel, spec: Any, state: _State) -> Any:
         state.requested = plain_json(spec)
         return to_torch(spec, loaded.module, loaded.args, loaded.kwargs)
     state.requested = _json_or_none(spec)
-    return spec
+    # by the JSON form's rules: what the module's spec leaves out is static, not an error
+    return complete(spec, loaded.module, loaded.args, loaded.kwargs)
 
 
 def _json_or_none(spec: Any) -> Any:

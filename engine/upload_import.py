@@ -140,10 +140,25 @@ def _import_failed(exc: BaseException, entry: str, source_map: SourceMap) -> Mod
     if location is None:
         location = source_map.from_exception(exc)
     details: dict[str, Any] = {"exception": type(exc).__name__}
-    hint = None
+    where = f"{location.file}:{location.line}" if location is not None else entry
     if isinstance(exc, ModuleNotFoundError):
         details["missing_module"] = exc.name
         hint = _missing_module_hint(exc.name, source_map.root)
+    elif isinstance(exc, ImportError):
+        # `from pkg import name` where the installed pkg has no such name: a version
+        # question, or a typo; only here may installing something be the fix
+        if exc.name:
+            details["module"] = exc.name
+        module = f"`{exc.name}`" if exc.name else "the package it imports"
+        hint = (
+            f"The import at {where} failed: fix it, or install a version of {module} that "
+            "provides what it imports (see what the workers have with `torchport env`, and "
+            "name the version in `requires`)."
+        )
+    elif isinstance(exc, SyntaxError):
+        hint = f"Fix the {type(exc).__name__} at {where}: the file is not valid Python."
+    else:
+        hint = f"Fix the code at {where}: it raised while the module was imported."
     return ModelImportFailed(
         f"Importing {entry} failed: {type(exc).__name__}: {source_map.scrub(str(exc))}",
         hint=hint,

@@ -17,6 +17,7 @@ from schemas.environment import (
     EnvironmentDescription,
     EnvironmentList,
     LibraryInfo,
+    TargetSupport,
     WorkerEnvironment,
 )
 from schemas.errors import ERROR_CODES, STAGES, ErrorBody, ErrorCode, SourceLocation, Stage
@@ -148,6 +149,7 @@ __all__ = [
     "SubmittedOptions",
     "TargetName",
     "TargetResult",
+    "TargetSupport",
     "TaskName",
     "TensorMeta",
     "TraceAttempt",

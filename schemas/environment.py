@@ -46,6 +46,24 @@ class LibraryInfo(StrictModel):
     )
 
 
+class TargetSupport(StrictModel):
+    """Whether a deployment target (option `targets`) can be produced in this environment."""
+
+    name: str = Field(description="`onnx`, `aoti` or `executorch`.")
+    works: bool | None = Field(
+        default=None,
+        description="Its packages (and for `aoti` the C++ compiler) are there and import in a "
+        "fresh interpreter like the jobs'; null: found but not checked.",
+    )
+    missing: list[str] = Field(
+        default_factory=list,
+        description="What it lacks: modules that are not installed, or the C++ compiler (`g++`).",
+    )
+    error: str | None = Field(
+        default=None, description="Why its packages do not import, when they are installed."
+    )
+
+
 class EnvironmentDescription(StrictModel):
     """The interpreter, torch and every installed distribution an upload can import."""
 
@@ -57,6 +75,11 @@ class EnvironmentDescription(StrictModel):
         default_factory=list,
         description="The model libraries first (in a fixed order), then every other "
         "installed distribution by name.",
+    )
+    targets: list[TargetSupport] = Field(
+        default_factory=list,
+        description="Each deployment target and whether it works here; empty in a "
+        "description recorded before torchport said so.",
     )
     described_at: datetime
     check_duration_s: float | None = Field(

@@ -172,6 +172,10 @@ class JobSummary(StrictModel):
     expired_at: datetime | None = Field(
         default=None, description="When the job's files were deleted; null while kept."
     )
+    targets: list[str] = Field(
+        default_factory=list,
+        description="The deployment targets the job's options ask for (`targets`).",
+    )
 
 
 class JobList(StrictModel):

@@ -66,7 +66,7 @@ CATALOGUE: dict[str, Outcome] = {
             "model_import_failed",
             None,
             "Importing the uploaded module failed.",
-            "Fix the error in the uploaded module, or install the package it imports.",
+            "Fix the error in the uploaded module at `location`.",
         ),
         Outcome(
             "model_not_found",

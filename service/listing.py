@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +38,8 @@ SUMMARY_COLUMNS = (
     Job.weights_name,
     Job.expired_at,
 )
-"""The columns of `JobSummary` as they are stored (its `error` is read by `_error_code`)."""
+"""The columns of `JobSummary` as they are stored (its `error` is read by `_error_code`, its
+`targets` by `_targets`)."""
 
 
 def _error_code(dialect: str) -> ColumnElement[Any]:
@@ -45,6 +47,18 @@ def _error_code(dialect: str) -> ColumnElement[Any]:
     if dialect == "postgresql":
         return cast(Job.error_json, JSONB)["code"].astext
     return func.json_extract(Job.error_json, "$.code")
+
+
+def _targets(dialect: str) -> ColumnElement[Any]:
+    """The `targets` of a job's stored options, as JSON text, extracted by the database."""
+    if dialect == "postgresql":
+        return cast(Job.options_json, JSONB)["targets"].astext
+    return func.json_extract(Job.options_json, "$.targets")
+
+
+def _target_names(text: str | None) -> list[str]:
+    names = json.loads(text) if text else []
+    return [str(name) for name in names] if isinstance(names, list) else []
 
 
 def encode_cursor(created_at: datetime, job_id: str) -> str:
@@ -87,9 +101,11 @@ def list_jobs(
     """The caller's jobs as summaries, newest first; returns one page and the cursor of
     the next (None on the last page)."""
     dialect = session.get_bind().dialect.name
-    query = select(*SUMMARY_COLUMNS, _error_code(dialect).label("error_code")).where(
-        owner_filter(caller)
-    )
+    query = select(
+        *SUMMARY_COLUMNS,
+        _error_code(dialect).label("error_code"),
+        _targets(dialect).label("targets"),
+    ).where(owner_filter(caller))
     if status is not None:
         query = query.where(Job.status == status)
     if cursor is not None:
@@ -102,6 +118,7 @@ def list_jobs(
     for row in session.execute(query):
         fields = dict(row._mapping)
         code = fields.pop("error_code")
+        fields["targets"] = _target_names(fields.pop("targets"))
         summaries.append(
             JobSummary(**fields, error=ErrorSummary(code=code) if code is not None else None)
         )

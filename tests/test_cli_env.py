@@ -6,6 +6,7 @@ from importlib import metadata
 
 import pytest
 
+from engine import target_requirements
 from schemas import EnvironmentDescription
 from torchport.cli import main
 
@@ -40,3 +41,33 @@ def test_env_table_names_the_model_libraries(capsys: pytest.CaptureFixture[str])
 def test_env_of_an_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["env", "--server", "http://127.0.0.1:9", "--json"]) == 2
     assert "unavailable" in capsys.readouterr().err
+
+
+def test_env_says_whether_each_target_works(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CXX", "torchport-no-such-compiler")
+    assert main(["env", "--json"]) == 0
+    described = EnvironmentDescription.model_validate_json(capsys.readouterr().out)
+    found = {t.name: t for t in described.targets}
+    assert list(found) == ["onnx", "aoti", "executorch"]
+    assert (found["aoti"].works, found["aoti"].missing) == (False, ["torchport-no-such-compiler"])
+    for name in ("onnx", "executorch"):
+        absent = target_requirements.missing(name)
+        assert found[name].missing == absent
+        # installed here: imported in a fresh interpreter as the jobs would
+        assert found[name].works is (not absent), found[name].error
+
+
+def test_env_without_checks_does_not_claim_an_import_works(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(target_requirements.REQUIRES, "executorch", ("torchport_no_such_module",))
+    assert main(["env", "--json", "--no-check"]) == 0
+    described = EnvironmentDescription.model_validate_json(capsys.readouterr().out)
+    found = {t.name: (t.works, t.missing) for t in described.targets}
+    assert found["executorch"] == (False, ["torchport_no_such_module"])
+    if not target_requirements.missing("onnx"):
+        assert found["onnx"] == (None, [])  # found, but whether it imports was not checked
+    assert main(["env", "--no-check"]) == 0
+    assert "torchport_no_such_module missing" in capsys.readouterr().out

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import text
 
 from persistence.database import transaction
-from persistence.lifecycle import StoredArtifact, claim, finish
-from schemas import ErrorBody, SourceLocation
+from persistence.lifecycle import StoredArtifact, claim, finish, record_stage
+from schemas import ErrorBody, SourceLocation, StageEvent
 from service import auth
 from service.app import build_state
 from service.deps import AppState
@@ -229,3 +229,70 @@ def test_refusals_exit_2_with_the_error_body(server: Server, tmp_path: Path) -> 
     assert json.loads(unreachable.stdout)["code"] == "unavailable"
     usage = torchport(server, "list", "--status", "nope")
     assert usage.returncode == 2
+
+
+def _events(output: str) -> list[StageEvent]:
+    return [StageEvent.model_validate_json(line) for line in output.splitlines()]
+
+
+def test_logs_prints_a_jobs_stage_events(server: Server) -> None:
+    job_id = server.submit(server.alice, note="\n# logs\n")
+    server.finish(job_id)
+    job = json.loads(torchport(server, "status", job_id, "--json").stdout)
+    as_json = torchport(server, "logs", job_id, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    printed = _events(as_json.stdout)
+    assert [e.model_dump(mode="json") for e in printed] == job["stages"]
+    assert [(e.stage, e.status) for e in printed][-1] == (None, "succeeded")
+    shown = torchport(server, "logs", job_id)
+    assert shown.returncode == 0
+    assert len(shown.stdout.splitlines()) == len(job["stages"])
+    missing = torchport(server, "logs", "no-such-job", "--json")
+    assert missing.returncode == 2
+    assert json.loads(missing.stdout)["code"] == "not_found"
+    other = torchport(server, "logs", job_id, "--json", key=server.bob)
+    assert other.returncode == 2
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_logs_follow_prints_events_as_they_come_until_the_job_ends(
+    server: Server, outcome: str
+) -> None:
+    job_id = server.submit(server.alice, note=f"\n# follow {outcome}\n")
+    assert claim(server.state.sessions, job_id, "w") is not None
+    record_stage(server.state.sessions, job_id, "w", stage="loading", status="started")
+    env = {**os.environ, "TORCHPORT_SERVER": server.url, "TORCHPORT_API_KEY": server.alice}
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "torchport.cli", "logs", job_id, "--follow", "--json"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert follower.stdout is not None
+        recorded = [StageEvent.model_validate_json(follower.stdout.readline()) for _ in range(3)]
+        assert [(e.stage, e.status) for e in recorded] == [
+            (None, "queued"),
+            (None, "running"),
+            ("loading", "started"),
+        ]
+        # while it follows: progress, a stage change, then the end
+        record_stage(
+            server.state.sessions, job_id, "w", stage="loading", status="progress", fraction=0.5
+        )
+        record_stage(server.state.sessions, job_id, "w", stage="tracing", status="started")
+        error = ErrorBody(code="data_dependent", message="m") if outcome == "failed" else None
+        assert finish(server.state.sessions, job_id, "w", status=outcome, error=error, artifacts=[])
+        rest, errors = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == (0 if outcome == "succeeded" else 1), errors
+    later = _events(rest)
+    assert [(e.stage, e.status, e.fraction) for e in later] == [
+        ("loading", "progress", 0.5),
+        ("tracing", "started", None),
+        (None, outcome, None),
+    ]

@@ -230,3 +230,11 @@ def test_no_tracked_file_points_at_a_contract_outside_the_repository() -> None:
 def test_the_readme_links_the_contract() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "(docs/contract.md)" in readme
+
+
+def test_the_readme_sets_up_with_two_commands_and_says_where_the_cpu_torch_is() -> None:
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    assert setup.count("```bash") == 2  # one installs and runs the service, one the tests
+    assert "--index-url https://download.pytorch.org/whl/cpu" in setup
+    assert "DEVICE=cuda" in setup  # what the GPU worker image uses

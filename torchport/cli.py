@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "list": "List your jobs on a torchport server, newest first.",
     "cancel": "Cancel a job on a torchport server.",
     "download": "Download a finished job's artifacts from a torchport server.",
+    "logs": "Print a job's stage events (--follow: as they come, until it ends).",
     "env": "List torch and the libraries uploads can import, with versions.",
     "keys": "Create or revoke API keys.",
     "db": "Migrate the database to the newest schema (db upgrade).",

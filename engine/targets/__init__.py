@@ -12,7 +12,8 @@ Each target module is a set of plain functions with explicit paths in and out an
 global state: `convert(program, args, kwargs, path, ...) -> Path` writes the artifact,
 `load(path, program, ...) -> FlatRunner` loads it for running. Their third-party packages
 (onnx, onnxscript, onnxruntime, executorch) are imported only inside those functions, so
-importing this package costs nothing; `missing(name)` says which are absent.
+importing this package costs nothing; `missing(name)` says which are absent (it and
+`REQUIRES` live in the torch-free `engine.target_requirements`, for describing a worker).
 
 `run_target` is what the pipeline calls: convert, load, verify with the pipeline's own
 verification code (`engine.verification.verify` with a runner), and describe it all as a
@@ -22,10 +23,7 @@ verification code (`engine.verification.verify` with a runner), and describe it 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +35,8 @@ import torch.utils._pytree as pytree
 from engine import verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
-from engine.targets import encoders
+from engine.target_requirements import REQUIRES, missing
+from engine.targets import encoders, failed_ops
 from schemas import (
     ErrorBody,
     ExportOptions,
@@ -67,12 +66,6 @@ FlatRunner = Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]]
 ORDER = ("onnx", "aoti", "executorch")
 """The order targets are converted in, whatever order the options name them in."""
 
-REQUIRES: dict[str, tuple[str, ...]] = {
-    "onnx": ("onnx", "onnxscript", "onnxruntime"),
-    "aoti": (),
-    "executorch": ("executorch", "torchao", "ruamel.yaml", "flatbuffers", "tabulate"),
-}
-"""The importable modules each target needs besides torch."""
 
 _EXTRA = "pip install 'torchport[targets]'"
 EXECUTORCH_INSTALL = (
@@ -98,24 +91,6 @@ class TargetError(Exception):
         self.message = message
         self.hint = hint
         self.details = details or {}
-
-
-def missing(name: str) -> list[str]:
-    """What target `name` needs that this machine lacks: modules that cannot be imported,
-    or for `aoti` the C++ compiler (`$CXX`, else g++); empty when it can run."""
-    absent = []
-    if name == "aoti":
-        compiler = os.environ.get("CXX") or "g++"
-        if shutil.which(compiler) is None:
-            absent.append(compiler)
-    for module in REQUIRES[name]:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            absent.append(module)
-    return absent
 
 
 def _module(name: str) -> Any:
@@ -156,6 +131,7 @@ def run_target(
     names: Mapping[str, str] | None = None,
     onnx_external_threshold: int | None = None,
     generation: Generation | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -176,6 +152,8 @@ def run_target(
             also checked by greedy generation (`TargetResult.generation`); `onnx` is then
             traced with the cache as inputs and outputs (`engine.generation.onnx_past`)
             and checked by generation only.
+        progress: told `"loading"` once the artifact is written and `"verifying"` once
+            it is loaded (the pipeline turns them into the stage's progress fraction).
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -215,7 +193,11 @@ def run_target(
             if encoder is not None:
                 settings.update(encoders.executorch_settings(encoder))
         target.convert(source, args, kwargs, path, facts=facts, **settings)
+        if progress is not None:
+            progress("loading")
         flat = target.load(path, source, **_loading(name, settings, facts))
+        if progress is not None:
+            progress("verifying")
         encoder_flat = None
         if encoder is not None:
             encoder_flat, encoder_files = encoders.convert(
@@ -407,6 +389,7 @@ def _error(name: str, exc: BaseException) -> ErrorBody:
         message = f"{name}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
         hint = _HINTS[name]
         details = {"exception": type(exc).__name__}
+    details.update(failed_ops.named_op(exc))
     details["target"] = name
     return error_body("target_failed", message, hint=hint, stage="converting", details=details)
 

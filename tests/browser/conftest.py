@@ -7,12 +7,15 @@ chromium`); TORCHPORT_CHROMIUM overrides the path.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import closing, suppress
 from pathlib import Path
@@ -34,6 +37,19 @@ CHROMIUM_FLAGS = [
 ]
 MAX_MODEL_BYTES = 256 * 1024
 """The served model limit, small so the form's size check can be tried with a small file."""
+
+
+def assert_archive_of(path: Path, job: dict[str, Any]) -> None:
+    """The zip holds each of the job's artifacts, with the size and sha256 the job lists,
+    and the manifest naming them."""
+    with zipfile.ZipFile(path) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+        assert manifest["job_id"] == job["id"]
+        listed = {a["name"]: (a["size"], a["sha256"]) for a in job["artifacts"]}
+        assert {a["name"]: (a["size"], a["sha256"]) for a in manifest["artifacts"]} == listed
+        for name, (size, sha) in listed.items():
+            data = archive.read(name)
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (size, sha)
 
 
 def free_port() -> int:

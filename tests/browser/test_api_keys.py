@@ -6,11 +6,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.browser.conftest import MODELS, ROOT, Server
+from tests.browser.conftest import MODELS, ROOT, Server, assert_archive_of
 
 pytestmark = pytest.mark.slow
 
@@ -75,5 +77,27 @@ def test_the_key_is_asked_for_kept_in_the_session_and_sent(
         assert other.locator("#source .src-line.highlight").get_attribute("data-line") == "9"
         assert other.locator("#source .src-line").count() == 13
         other.context.close()
+    finally:
+        context.close()
+
+
+def test_download_all_sends_the_key(browser: Any, keyed: tuple[Server, str]) -> None:
+    server, key = keyed
+    context = browser.new_context(base_url=server.url, accept_downloads=True)
+    page = context.new_page()
+    try:
+        page.goto("/")
+        page.evaluate("key => sessionStorage.setItem('torchport.apiKey', key)", key)
+        page.set_input_files("[data-testid=file-model]", str(MODELS / "shared_batch.py"))
+        page.click("#submit")
+        page.wait_for_selector("#download-all", timeout=120_000)
+        job_id = page.url.rsplit("/", 1)[1]
+        job = server.api(f"v1/exports/{job_id}", key=key)
+        # without the key the archive is refused: the page must have sent it
+        assert httpx.get(f"{server.url}v1/exports/{job_id}/artifacts.zip").status_code == 401
+        with page.expect_download() as download_info:
+            page.click("#download-all")
+        assert download_info.value.suggested_filename == f"{job_id}.zip"
+        assert_archive_of(Path(download_info.value.path()), job)
     finally:
         context.close()

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import MAX_MODEL_BYTES, MODELS, ROOT, Server
+from tests.browser.conftest import MAX_MODEL_BYTES, MODELS, ROOT, Server, assert_archive_of
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +103,12 @@ def test_shared_batch_exports_and_the_graph_finds_a_node(page: Any, server: Serv
     sha = next(a["sha256"] for a in job["artifacts"] if a["name"] == "program.pt2")
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha
     assert zipfile.is_zipfile(path)
+
+    # "Download all": every artifact in one zip from artifacts.zip, as the job lists them.
+    with page.expect_download() as download_info:
+        page.click("#download-all")
+    assert download_info.value.suggested_filename == f"{job_id}.zip"
+    assert_archive_of(Path(download_info.value.path()), job)
 
     # The Model Explorer graph has every node of graph.json, and edges only between them.
     with page.expect_download() as download_info:
@@ -235,6 +241,52 @@ def test_a_failed_job_offers_the_dimension_editor_from_its_inputs(
         fresh.context.close()
 
 
+def test_a_failure_unrelated_to_shapes_leaves_the_dimension_editor_empty(
+    page: Any, server: Server
+) -> None:
+    job_id = submit(page, MODELS / "data_dependent_batch.py")
+    page.wait_for_selector("[data-card=dynamic-shapes] input[data-dim='x.0']", timeout=120_000)
+    report = server.api(f"v1/exports/{job_id}/artifacts/report.json")
+    assert report["error"]["code"] == "data_dependent"
+    assert report["tracing"]["dynamic_shapes"]["suggested"] == {
+        "x": {"0": {"name": "batch", "min": 1}}
+    }
+    assert page.get_attribute("[data-card=dynamic-shapes]", "data-prefill") == "none"
+    assert page.locator("[data-card=dynamic-shapes] input[data-dim]:checked").count() == 0
+    assert json.loads(page.text_content("#reexport-spec") or "0") is None
+
+
+def test_the_dimension_editor_starts_from_a_proposal_only_for_shape_failures(page: Any) -> None:
+    page.goto("/")
+    starts = page.evaluate(
+        """async () => {
+          const m = await import('./web/failure.js');
+          const proposed = {x: {"0": {name: "batch", min: 1}}};
+          const asked = {x: {"0": {name: "n", max: 8}}};
+          const report = {tracing: {dynamic_shapes: {requested: null, suggested: proposed}}};
+          const job = {options: {dynamic_shapes: null}};
+          const spec = {tracing: {dynamic_shapes: {requested: asked, suggested: null}}};
+          return [
+            m.editorSpec(job, {code: "data_dependent", stage: "tracing"}, report),
+            m.editorSpec(job, {code: "verification_failed", stage: "verifying"}, report),
+            m.editorSpec(job, {code: "dynamic_shape_violation", stage: "tracing"}, report),
+            m.editorSpec(job, {code: "invalid_request", stage: "tracing",
+                               details: {path: "x.0", reason: "undeclared_dim"}}, report),
+            m.editorSpec({options: {dynamic_shapes: asked}},
+                         {code: "data_dependent", stage: "tracing"}, spec),
+          ].map((s) => [s.from, s.spec]);
+        }"""
+    )
+    proposed = {"x": {"0": {"name": "batch", "min": 1}}}
+    assert starts == [
+        ["none", None],
+        ["none", None],
+        ["suggested", proposed],
+        ["suggested", proposed],
+        ["requested", {"x": {"0": {"name": "n", "max": 8}}}],
+    ]
+
+
 def test_cancel_stops_a_running_job(page: Any, server: Server, tmp_path: Path) -> None:
     slow = tmp_path / "slow_60.py"
     slow.write_bytes((ROOT / "tests" / "models" / "service_slow.py").read_bytes())
@@ -301,6 +353,35 @@ def test_the_jobs_list_filters_by_status(page: Any, server: Server) -> None:
     page.click("#jobs-table tr[data-job] a")
     page.wait_for_selector("#error-code")
     assert page.get_attribute("#error-code", "data-code") == failed[0]["error"]["code"]
+
+
+def test_the_header_and_the_jobs_list_say_what_a_job_asked_for(page: Any, server: Server) -> None:
+    # dynamic shapes declared at module level, none in the options
+    module_spec = submit(page, ROOT / "tests" / "models" / "trace_shared_batch.py")
+    page.wait_for_selector("[data-card=graph]", timeout=120_000)
+    assert page.get_attribute("[data-fact=shapes]", "data-shapes") == "module"
+    report = server.api(f"v1/exports/{module_spec}/artifacts/report.json")
+    assert report["tracing"]["dynamic_shapes"]["source"] == "module"
+    asked = httpx.post(
+        f"{server.url}v1/exports",
+        files={"model": ("targets.py", b"model = 1\n")},
+        data={"options": json.dumps({"targets": ["onnx", "aoti"]})},
+        timeout=10,
+    ).json()["id"]
+    page.goto("/#/jobs")
+    page.wait_for_selector(f"#jobs-table tr[data-job='{asked}']")
+    targets = page.locator("#jobs-table tr[data-job] td[data-field=targets]")
+    by_job = dict(
+        zip(
+            page.locator("#jobs-table tr[data-job]").evaluate_all(
+                "rs => rs.map(r => r.dataset.job)"
+            ),
+            targets.all_text_contents(),
+            strict=True,
+        )
+    )
+    assert by_job[asked] == "onnx, aoti"
+    assert by_job[module_spec] == "—"
 
 
 def test_the_dynamic_shapes_grammar_and_fixes_in_the_browser(page: Any) -> None:
@@ -387,3 +468,70 @@ def test_the_environment_page_shows_what_the_worker_recorded(page: Any, server: 
     row.wait_for()
     assert row.get_attribute("data-imports") == "true"
     assert row.locator("td[data-field=version]").text_content() == torch["version"]
+    # each deployment target, and whether it works on this worker
+    recorded = {t["name"]: t["works"] for t in worker["environment"]["targets"]}
+    assert list(recorded) == ["onnx", "aoti", "executorch"]
+    shown = page.locator("table.targets[data-queue=cpu] tr[data-target]").evaluate_all(
+        "rows => rows.map(r => [r.dataset.target, r.dataset.works])"
+    )
+    assert shown == [[name, json.dumps(works)] for name, works in recorded.items()]
+
+
+FITS = """(sel) => {
+  const el = document.querySelector(sel);
+  const style = getComputedStyle(el);
+  const texts = el.tagName === "SELECT" ? [...el.options].map((o) => o.text) : [el.placeholder];
+  // room for the text: the box less its padding and the select's arrow / the number spinner
+  const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
+    - (el.tagName === "SELECT" ? 24 : 18);
+  const probe = document.createElement("span");
+  probe.style.font = style.font;
+  probe.style.whiteSpace = "pre";
+  probe.style.position = "absolute";
+  document.body.append(probe);
+  const widths = texts.map((t) => {
+    probe.textContent = t;
+    return probe.getBoundingClientRect().width;
+  });
+  probe.remove();
+  return widths.filter((w) => w > room).length;
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 820])
+def test_the_tracing_choices_and_the_tolerances_are_not_clipped(page: Any, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto("/")
+    page.wait_for_selector("select[name=strict]")
+    clipped = {
+        sel: page.evaluate(FITS, sel)
+        for sel in ("select[name=strict]", "input[name=atol]", "input[name=rtol]")
+    }
+    assert clipped == {"select[name=strict]": 0, "input[name=atol]": 0, "input[name=rtol]": 0}
+
+
+def test_a_running_stage_is_estimated_from_its_own_progress(page: Any) -> None:
+    page.goto("/")
+    estimates = page.evaluate(
+        """async () => {
+          const m = await import('./web/job.js');
+          const at = (s) => new Date(Date.UTC(2026, 0, 1, 12, 0, s)).toISOString();
+          const t0 = Date.parse(at(0));
+          const event = (stage, s, fraction) => ({stage, status: "progress", at: at(s), fraction});
+          const job = {stages: [
+            event("serializing", 0, 0), event("converting", 10, 0),
+            event("converting", 40, 0.7), event("converting", 50, 0.8),
+          ]};
+          return [
+            m.stageEstimate(job, "converting", t0 + 55_000),
+            m.stageEstimate({stages: [event("converting", 10, 0)]}, "converting", t0 + 70_000),
+            m.stageEstimate(job, "converting", t0 + 600_000),
+            m.stageEstimate(job, "verifying", t0),
+          ];
+        }"""
+    )
+    # 40 s into the stage at 0.8: 50 s in all, 5 s after the last event is 5 s left
+    assert estimates[0] == {"fraction": 0.8, "left": 5}
+    assert estimates[1] is None  # nothing reported past the start yet
+    assert estimates[2] == {"fraction": 0.8, "left": 0}
+    assert estimates[3] is None

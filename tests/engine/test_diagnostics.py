@@ -298,3 +298,35 @@ def test_cases_for_codes_without_examples() -> None:
     assert exportdb.cases_for("internal_error", "anything") == []
     assert exportdb.cases_for("serialization_failed") == []
     assert exportdb.linked_case("exportdb/index.html#no-such-case") is None
+
+
+def _raw_spec_error(spec: dict[str, Any]) -> ExportError:
+    """torch's own refusal of an incomplete spec, as a spec torch gets unfilled raises it."""
+    fixture = load_fixture("spec_use_cache")
+    with pytest.raises(Exception) as info:
+        torch.export.export(
+            fixture.model, fixture.example_args, fixture.example_kwargs, dynamic_shapes=spec
+        )
+    return classify(info.value, stage="tracing", source_map=SOURCE_MAP)
+
+
+def test_a_spec_missing_an_argument_names_it() -> None:
+    fixture = load_fixture("spec_use_cache")
+    spec = {**fixture.dynamic_shapes, "extra": {"bias": None, "scale": None}}
+    error = _raw_spec_error(spec)
+    assert error.code == "dynamic_shape_violation"
+    assert error.details["missing_keys"] == ["use_cache"]
+    assert error.details["unexpected_keys"] == []
+    assert error.hint is not None and "`use_cache`" in error.hint
+    assert_clean(error)
+
+
+def test_a_spec_with_other_keys_of_a_dict_input_names_both() -> None:
+    fixture = load_fixture("spec_use_cache")
+    spec = {**fixture.dynamic_shapes, "use_cache": None, "extra": {"bias": None, "mask": None}}
+    error = _raw_spec_error(spec)
+    assert error.code == "dynamic_shape_violation"
+    assert error.details["missing_keys"] == ["extra.scale"]
+    assert error.details["unexpected_keys"] == ["extra.mask"]
+    assert error.hint is not None
+    assert "`extra.scale`" in error.hint and "`extra.mask`" in error.hint

@@ -28,6 +28,7 @@ from engine.errors import (
 from engine.loading import load, unpack_zip
 from engine.model import LoadedModel, Upload
 from schemas import ExportOptions
+from schemas.outcomes import outcome
 
 MODELS = Path(__file__).parents[1] / "models"
 EXPORTDB = Path(torch.__file__).parent / "_export" / "db" / "examples"
@@ -225,6 +226,9 @@ def test_import_raises_in_user_helper(tmp_path: Path) -> None:
         line_of(path, "raise"),
     )
     assert error.location.code == 'raise ValueError("bad configuration")  # LINE: raise'
+    assert (
+        error.hint is not None and f"load_import_raises.py:{line_of(path, 'raise')}" in error.hint
+    )
 
 
 def test_syntax_error_location(tmp_path: Path) -> None:
@@ -235,6 +239,19 @@ def test_syntax_error_location(tmp_path: Path) -> None:
     assert error.location is not None
     assert error.location.file == "broken.py"
     assert error.location.line in (4, 5)
+    # the hint names the line; a missing package is no fix for a syntax error
+    assert error.hint is not None and f"broken.py:{error.location.line}" in error.hint
+    assert error.hint != outcome("model_import_failed").hint
+
+
+def test_import_of_a_name_a_package_lacks_names_the_package(tmp_path: Path) -> None:
+    source = tmp_path / "old_api.py"
+    source.write_text("import torch\nfrom torch import no_such_name_for_tests\n")
+    error = failure(ModelImportFailed, source, tmp_path)
+    assert error.details == {"exception": "ImportError", "module": "torch"}
+    assert error.location is not None
+    assert (error.location.file, error.location.line) == ("old_api.py", 2)
+    assert error.hint is not None and "`torch`" in error.hint and "old_api.py:2" in error.hint
 
 
 def test_non_utf8_source(tmp_path: Path) -> None:

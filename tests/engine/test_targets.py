@@ -20,9 +20,12 @@ from torch.export import Dim
 
 from engine import targets
 from engine.artifacts import TARGET_ARTIFACTS
+from engine.model import Upload
+from engine.pipeline import ExportRequest, run_export
 from engine.targets import aoti
 from engine.targets import onnx as onnx_target
 from schemas import ExportOptions, TargetResult
+from tests.engine.model_files import MODELS, export_file
 
 # --- what each test needs ----------------------------------------------------------------
 
@@ -369,6 +372,43 @@ def test_executorch_an_op_without_kernel_is_target_failed(tmp_path: Path) -> Non
     assert result.status == "failed"
     assert result.error is not None and result.error.code == "target_failed"
     assert "torchport_test_targets" in result.error.message
+
+
+@pytest.mark.parametrize("name", ["onnx", "executorch"])
+def test_a_target_failure_names_the_op_and_the_users_line(name: str, tmp_path: Path) -> None:
+    needs(name)
+    fixture = MODELS / "target_unsupported_op.py"
+    result = export_file(tmp_path, fixture.name, {"targets": [name], "targets_required": True})
+    error = result.report.error
+    assert error is not None and error.code == "target_failed"
+    assert (error.details["target"], error.details["op"]) == (name, "aten._linalg_eigh.default")
+    line = next(
+        number
+        for number, text in enumerate(fixture.read_text().splitlines(), start=1)
+        if text.endswith("# LINE: eigh")
+    )
+    assert error.location is not None
+    assert (error.location.file, error.location.line) == (fixture.name, line)
+    assert error.hint is not None
+    assert "`aten._linalg_eigh.default`" in error.hint and f"{fixture.name}:{line}" in error.hint
+    target = result.report.targets[name].error
+    assert target is not None and target.details["location"]["line"] == line
+
+
+def test_converting_reports_each_targets_phases_as_its_fraction(tmp_path: Path) -> None:
+    needs("onnx")
+    seen: list[tuple[str, float | None]] = []
+    request = ExportRequest(
+        upload=Upload(model=MODELS / "trace_shared_batch.py"),
+        options=ExportOptions(targets=["onnx"], verify={"samples": 0}),
+        out_dir=tmp_path / "out",
+        work_dir=tmp_path / "work",
+    )
+    result = run_export(request, progress=lambda p: seen.append((p.stage, p.fraction)))
+    assert result.report.targets["onnx"].status == "succeeded"
+    fractions = [fraction for stage, fraction in seen if stage == "converting"]
+    # the stage starts, the target starts, its artifact is written, loaded, the stage ends
+    assert fractions == [0.0, 0.0, 0.7, 0.8, 1.0]
 
 
 # --- heavier models (CI runs them) -------------------------------------------------------

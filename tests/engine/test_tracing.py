@@ -221,3 +221,34 @@ def test_spec_outside_the_grammar_still_raises_invalid_request() -> None:
     assert caught.value.details == {"path": "x.0", "reason": "invalid_dim"}
     report: TracingReport = caught.value.tracing_report  # type: ignore[attr-defined]
     assert (report.attempts, report.dynamic_shapes.source) == ([], "options")
+
+
+# the module's spec and the same spec as JSON: what either leaves out is static
+USE_CACHE_JSON = {
+    "input_ids": {"0": {"name": "batch", "max": 64}},
+    "attention_mask": {"0": "batch"},
+    "extra": {"bias": {"0": "batch"}},
+}
+
+
+def test_module_spec_leaving_out_keys_traces_as_the_same_json_spec_does() -> None:
+    loaded = _loaded("spec_use_cache")
+    from_module = trace(loaded, _options(), loaded.module_dynamic_shapes, "module")
+    from_json = trace(loaded, _options(), USE_CACHE_JSON, "options")
+    applied = _dumped(from_module.report)["dynamic_shapes"]["applied"]
+    assert applied == _dumped(from_json.report)["dynamic_shapes"]["applied"]
+    assert applied["use_cache"] is None
+    assert applied["extra"] == {"bias": {"0": "batch"}, "scale": None}
+    assert _ranges(from_module) == _ranges(from_json) == [("0", "64")]
+
+
+@pytest.mark.parametrize("source", ["module", "options"])
+def test_a_list_spec_short_of_entries_names_them_in_both_forms(source: str) -> None:
+    loaded = _loaded("trace_nested")
+    short = {"module": {"xs": [{0: torch.export.Dim("b")}]}, "options": {"xs": [None]}}[source]
+    with pytest.raises(InvalidRequest) as caught:
+        trace(loaded, _options(), short, source)
+    details = caught.value.details
+    assert (details["path"], details["reason"]) == ("xs", "structure_mismatch")
+    assert details["missing"] == ["xs.1"]
+    assert caught.value.hint is not None and "`xs.1`" in caught.value.hint

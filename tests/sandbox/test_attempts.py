@@ -73,6 +73,77 @@ def test_only_the_uploads_own_forbidden_actions_are_recorded(tmp_path: Path) -> 
     assert seen["hook"] == "builtin_function_or_method"
 
 
+LIBRARY_DRIVER = """
+import json, socket, sys
+from pathlib import Path
+from worker.sandbox.child import _Attempts, denied_warning
+
+attempts = _Attempts([Path(sys.argv[1])])
+sys.addaudithook(attempts.hook)
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import upload
+upload.probe(own=sys.argv[3] == "own")
+print(json.dumps(denied_warning(attempts).details))
+"""
+
+LIBRARY = """
+import socket
+
+def has_ipv6():
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pass
+"""
+
+PROBING_UPLOAD = """
+import socket
+import probe_lib
+
+def probe(own):
+    probe_lib.has_ipv6()
+    if own:
+        try:
+            socket.socket().close()
+        except OSError:
+            pass
+"""
+
+
+def _denied_details(tmp_path: Path, own: bool) -> dict[str, object]:
+    upload_dir, packages = tmp_path / "in", tmp_path / "venv" / "site-packages"
+    (packages / "probe_lib").mkdir(parents=True)
+    upload_dir.mkdir()
+    (packages / "probe_lib" / "__init__.py").write_text(LIBRARY)
+    (upload_dir / "upload.py").write_text(PROBING_UPLOAD)
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY_DRIVER, str(upload_dir), str(packages), "own" * own],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_socket_only_a_library_opened_is_reported_as_the_librarys(tmp_path: Path) -> None:
+    details = _denied_details(tmp_path, own=False)
+    assert details == {
+        "attempted": ["socket.__new__"],
+        "by_libraries": ["socket.__new__"],
+        "by_library": True,
+        "libraries": ["probe_lib"],
+    }
+
+
+def test_the_uploads_own_attempt_beside_a_librarys_is_not_by_library(tmp_path: Path) -> None:
+    details = _denied_details(tmp_path, own=True)
+    assert details["by_library"] is False
+    assert details["libraries"] == ["probe_lib"]
+    assert details["attempted"] == ["socket.__new__"]
+
+
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
@@ -88,6 +159,8 @@ def test_a_library_probe_is_a_warning_and_the_real_failure_the_outcome(arena: Ar
     assert result.error.code == "verification_failed"
     warning = _warning(result, "sandbox_denied")
     assert warning.details["by_libraries"] == ["socket.__new__"]
+    assert warning.details["by_library"] is True
+    assert warning.details["libraries"] == ["urllib3"]
 
 
 def test_a_library_probe_in_a_job_that_succeeds_is_a_warning(arena: Arena, tmp_path: Path) -> None:
@@ -107,3 +180,4 @@ def test_an_attempt_survived_in_an_earlier_stage_is_a_warning(arena: Arena) -> N
     warning = _warning(result, "sandbox_denied")
     assert warning.details["attempted"] == ["socket.__new__"]
     assert warning.details["by_libraries"] == []
+    assert warning.details["by_library"] is False

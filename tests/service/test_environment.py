@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, select
 
 from persistence.environments import record_environment
 from persistence.models import Job, WorkerEnvironmentRow
-from schemas import EnvironmentDescription, EnvironmentList, LibraryInfo
+from schemas import EnvironmentDescription, EnvironmentList, LibraryInfo, TargetSupport
 from service.deps import AppState
 from tests.service.conftest import model_file
 
@@ -88,6 +88,28 @@ def test_the_latest_worker_of_each_queue_is_answered(client: TestClient, clean: 
     assert versions["transformers"] == ("5.23.0", True, None)
     assert versions["torchvision"] == ("0.28.0", False, "RuntimeError: no nms")
     assert found.workers[1].environment.torch == "2.13.0+cu128"
+
+
+def test_each_targets_support_is_answered_as_the_worker_recorded_it(
+    client: TestClient, clean: AppState
+) -> None:
+    targets = [
+        TargetSupport(name="onnx", works=True),
+        TargetSupport(name="aoti", works=False, missing=["g++"]),
+        TargetSupport(name="executorch", works=False, error="ImportError: no flatc"),
+    ]
+    recorded = described("2.13.0", "5.23.0", torchvision_error="x").model_copy(
+        update={"targets": targets}
+    )
+    record_environment(clean.sessions, queue="cpu", hostname="a", environment=recorded, at=T0)
+    (worker,) = client.get("/v1/environment").json()["workers"]
+    assert [
+        (t["name"], t["works"], t["missing"], t["error"]) for t in worker["environment"]["targets"]
+    ] == [
+        ("onnx", True, [], None),
+        ("aoti", False, ["g++"], None),
+        ("executorch", False, [], "ImportError: no flatc"),
+    ]
 
 
 def test_a_worker_starting_again_replaces_its_row(client: TestClient, clean: AppState) -> None:

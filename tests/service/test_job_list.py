@@ -8,6 +8,7 @@ job went from 29 ms to 1.28 s.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -117,3 +118,19 @@ def test_summaries_read_the_error_code_on_every_setup(any_setup: TestClient) -> 
     (item,) = any_setup.get("/v1/exports", params={"status": "canceled"}).json()["items"]
     summary = JobSummary.model_validate(item)
     assert summary.error is not None and summary.error.code == "canceled"
+
+
+def test_summaries_carry_the_targets_asked_for_on_every_setup(any_setup: TestClient) -> None:
+    options = {"targets": ["onnx", "executorch"]}
+    asked = any_setup.post(
+        "/v1/exports",
+        files={"model": ("t.py", b"model = 1\n")},
+        data={"options": json.dumps(options)},
+    ).json()["id"]
+    plain = any_setup.post("/v1/exports", files={"model": ("p.py", b"model = 2\n")}).json()["id"]
+    items = {
+        item["id"]: JobSummary.model_validate(item)
+        for item in any_setup.get("/v1/exports").json()["items"]
+    }
+    assert items[asked].targets == ["onnx", "executorch"]
+    assert items[plain].targets == []

@@ -1,4 +1,5 @@
-"""`torchport env`: torch and the libraries uploads can import, with their versions.
+"""`torchport env`: torch and the libraries uploads can import, with their versions, and
+whether each deployment target works (its packages import; for aoti, a C++ compiler).
 
 Without `--server`, this machine's environment: the one `torchport export` jobs see
 (each model library imported in a fresh isolated interpreter, as the sandbox starts
@@ -86,6 +87,16 @@ def render(described: EnvironmentDescription, console: Console, *, every: bool) 
             loads = "[dim]—[/]"
         table.add_row(library.name, library.version or "not installed", loads, library.error or "")
     console.print(table)
+    if described.targets:
+        targets = Table(title="Deployment targets", title_justify="left")
+        targets.add_column("target")
+        targets.add_column("works")
+        targets.add_column("why not", overflow="fold")
+        for target in described.targets:
+            works = {True: "[green]yes[/]", False: "[red]no[/]", None: "not checked"}[target.works]
+            why = ", ".join(f"{m} missing" for m in target.missing) or target.error or ""
+            targets.add_row(target.name, works, why)
+        console.print(targets)
     if others:
         console.print(
             f"{len(others)} more installed (--all lists them): "

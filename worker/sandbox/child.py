@@ -61,6 +61,8 @@ class _Attempts:
         self.by_libraries: dict[str, str] = {}
         """Attempts an installed library made on the upload's behalf (urllib3 probing for
         IPv6 at import): the library survives the refusal or fails with its own error."""
+        self.libraries: set[str] = set()
+        """The installed packages that made them (the innermost on the stack: `urllib3`)."""
         self.stages: set[str | None] = set()
         """The stages in which the upload's own attempts were made."""
         self.stage: str | None = None
@@ -69,31 +71,72 @@ class _Attempts:
         self.hook: Callable[[str, tuple[Any, ...]], object] = tripwires.get
 
     def saw(self, event: str) -> None:
-        origin = self._origin()
-        if origin == "upload":
+        found, library = self._origin()
+        if found and library is None:
             self.seen.setdefault(event, _FORBIDDEN_EVENTS[event])
             self.stages.add(self.stage)
-        elif origin == "library":
+        elif found and library is not None:
             self.by_libraries.setdefault(event, _FORBIDDEN_EVENTS[event])
+            self.libraries.add(library)
 
-    def _origin(self) -> str | None:
-        """ "upload" when the uploaded code made the call (the stack from the event down
-        to the upload's innermost frame holds only the standard library), "library" when
-        an installed package between them did, None without the upload on the stack
-        (torch or the engine)."""
-        frame = sys._getframe(2)
-        library = False
+    def _origin(self) -> tuple[bool, str | None]:
+        """Whether the upload is on the stack (not: torch or the engine made the call),
+        and the installed package between the event and the upload's innermost frame
+        that made it (None: the uploaded code did, through the standard library at most)."""
+        frame = sys._getframe(3)
+        library: str | None = None
         while frame is not None:
             name = frame.f_code.co_filename
             if name.startswith(self._roots):
-                return "library" if library else "upload"
-            if not library and ("site-packages" in name or "dist-packages" in name):
-                library = True
+                return True, library
+            if library is None:
+                library = _installed_package(name)
             frame = frame.f_back  # type: ignore[assignment]
-        return None
+        return False, None
 
     def all(self) -> dict[str, str]:
         return {**self.by_libraries, **self.seen}
+
+
+def _installed_package(filename: str) -> str | None:
+    """`urllib3` for `…/site-packages/urllib3/util/connection.py`; None outside them."""
+    for folder in ("site-packages", "dist-packages"):
+        _, found, rest = filename.partition(f"{os.sep}{folder}{os.sep}")
+        if found:
+            return rest.split(os.sep, 1)[0].removesuffix(".py") or None
+    return None
+
+
+def denied_warning(attempts: _Attempts) -> Any:
+    """The `sandbox_denied` warning of the attempts a job survived (or that are not its
+    outcome). Where only installed libraries tried, it says so and sets `by_library`:
+    nothing of the uploaded code's own was refused."""
+    from schemas import ReportWarning
+
+    tried = attempts.all()
+    own = ", ".join(sorted(set(attempts.seen.values())))
+    theirs = ", ".join(sorted(set(attempts.by_libraries.values())))
+    names = ", ".join(sorted(attempts.libraries))
+    if not attempts.seen:
+        message = (
+            f"A library the upload uses ({names}) tried to {theirs}; the sandbox refused it "
+            "and the library went on without it. The uploaded code itself tried nothing "
+            "the sandbox forbids."
+        )
+    else:
+        message = f"The uploaded code tried actions the sandbox forbids: {own}"
+        if attempts.by_libraries:
+            message += f"; a library it uses ({names}) tried to {theirs}"
+    return ReportWarning(
+        code="sandbox_denied",
+        message=message,
+        details={
+            "attempted": sorted(tried),
+            "by_libraries": sorted(attempts.by_libraries),
+            "by_library": not attempts.seen,
+            "libraries": sorted(attempts.libraries),
+        },
+    )
 
 
 class _Tripwire:
@@ -243,7 +286,6 @@ def _reclassify(report: Any, attempts: _Attempts) -> None:
     Limits (memory, the largest file) are named by the pipeline, from the exception itself
     (`engine.diagnostics.limit_reached`), never here from message text.
     """
-    from schemas import ReportWarning
     from schemas.outcomes import error_body
 
     error = report.error
@@ -257,14 +299,7 @@ def _reclassify(report: Any, attempts: _Attempts) -> None:
         and (error.stage is None or error.stage in attempts.stages)
     )
     if tried and not caused:
-        report.warnings.append(
-            ReportWarning(
-                code="sandbox_denied",
-                message="The uploaded code tried actions the sandbox forbids: "
-                + ", ".join(sorted(set(tried.values()))),
-                details={"attempted": sorted(tried), "by_libraries": sorted(attempts.by_libraries)},
-            )
-        )
+        report.warnings.append(denied_warning(attempts))
     if caused:
         assert error is not None
         error.details = {

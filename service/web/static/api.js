@@ -109,13 +109,28 @@ export async function getUploadFile(id, field, name) {
   return new File([blob], name, { type: blob.type });
 }
 
+/** Where the API serves every artifact of a job as one zip, with a manifest of digests. */
+export function archiveUrl(id) {
+  return `v1/exports/${encodeURIComponent(id)}/artifacts.zip`;
+}
+
 /** Download an artifact: a plain link when no key is needed, else fetched with the key. */
-export async function downloadArtifact(id, name) {
+export function downloadArtifact(id, name) {
+  return download(artifactUrl(id, name), name);
+}
+
+/** Download every artifact of a job as `<id>.zip` (GET …/artifacts.zip), as artifacts are. */
+export function downloadArchive(id) {
+  return download(archiveUrl(id), `${id}.zip`);
+}
+
+async function download(path, name) {
   if (!apiKey()) {
-    saveUrl(artifactUrl(id, name), name);
+    saveUrl(path, name);
     return;
   }
-  const response = await check(await fetch(artifactUrl(id, name), { headers: headers() }));
+  // a link cannot send the Authorization header: fetched, then saved from memory
+  const response = await check(await fetch(path, { headers: headers() }));
   const url = URL.createObjectURL(await response.blob());
   saveUrl(url, name);
   setTimeout(() => URL.revokeObjectURL(url), 60_000);

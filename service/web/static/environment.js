@@ -41,9 +41,15 @@ function renderWorker(worker) {
     h("td", { class: "small" }, lib.version !== null && lib.error ? h("code", {}, lib.error) : "")));
   const rest = others.map((lib) => h("tr", { "data-library": lib.name },
     h("td", {}, lib.name), h("td", {}, lib.version), h("td", { class: "small muted" }, lib.modules.join(", "))));
+  const targets = (env.targets || []).map((t) => h("tr", { "data-target": t.name, "data-works": String(t.works) },
+    h("td", {}, h("code", {}, t.name)),
+    h("td", {}, t.works === true ? h("span", { class: "ok-line" }, "works")
+      : t.works === false ? h("span", { class: "error-line" }, "does not work") : h("span", { class: "muted" }, "not checked")),
+    h("td", { class: "small" }, t.missing.length ? `${t.missing.join(", ")} missing` : t.error ? h("code", {}, t.error) : "")));
   return card(`Queue ${worker.queue}`,
     h("p", { class: "muted" }, `Worker ${worker.hostname}, started ${formatTime(worker.recorded_at)} · Python ${env.python} · torch ${env.torch || "not installed"} · torchport ${env.torchport || "?"}`),
     table(["library", "version", "", "why not"], rows, { class: "libraries", "data-queue": worker.queue }),
+    targets.length ? table(["deployment target", "", "why not"], targets, { class: "targets", "data-queue": worker.queue }) : null,
     h("details", {}, h("summary", {}, `${others.length} more installed distributions`),
       table(["distribution", "version", "modules"], rest, { class: "distributions" })));
 }

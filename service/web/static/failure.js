@@ -131,12 +131,30 @@ export function editableInputs(inputs) {
     .map((i) => ({ name: i.name, shape: i.shape, dtype: i.dtype }));
 }
 
+/** Failures whose fix may be other dynamic shapes: torch's refusal of the spec, or a mistake in its JSON. */
+export function shapeRelated(error) {
+  return error.code === "dynamic_shape_violation"
+    || (error.code === "invalid_request" && error.stage === "tracing" && typeof error.details?.path === "string");
+}
+
+/**
+ * What the dimension editor starts from: the spec the job asked for, else, only for a
+ * shape-related failure, the one proposed from the example inputs; `from` says which.
+ */
+export function editorSpec(job, error, report) {
+  const own = report?.tracing?.dynamic_shapes?.requested ?? job.options?.dynamic_shapes ?? null;
+  const proposed = shapeRelated(error) ? report?.tracing?.dynamic_shapes?.suggested ?? null : null;
+  const usable = (spec) => spec && typeof spec === "object" && !Array.isArray(spec);
+  if (usable(own)) return { spec: own, from: "requested" };
+  if (usable(proposed)) return { spec: proposed, from: "suggested" };
+  return { spec: null, from: "none" };
+}
+
 function shapesEditorCard(job, error, report, navigate) {
   const inputs = editableInputs(report?.inputs);
   if (!inputs.length || !error.stage || error.stage === "loading") return null;
-  const requested = report?.tracing?.dynamic_shapes?.requested ?? job.options.dynamic_shapes
-    ?? report?.tracing?.dynamic_shapes?.suggested ?? null;
-  let spec = requested && typeof requested === "object" && !Array.isArray(requested) ? requested : null;
+  const start = editorSpec(job, error, report);
+  let spec = start.spec;
   const preview = h("pre", { id: "reexport-spec" }, JSON.stringify(spec));
   const editor = dimensionEditor(inputs, (value) => {
     spec = value;
@@ -147,9 +165,11 @@ function shapesEditorCard(job, error, report, navigate) {
     again.disabled = true;
     startAgain(job, navigate, { options: { dynamic_shapes: spec }, inputs_meta: inputs });
   });
-  return card("Dynamic shapes",
+  const shown = card("Dynamic shapes",
     h("p", { class: "muted" }, "The example inputs as this export loaded them. Tick the sizes that may change (inputs that must have equal sizes share a name) and export again."),
     editor, preview, h("div", { class: "actions" }, again));
+  shown.dataset.prefill = start.from;
+  return shown;
 }
 
 function fixesCard(job, error, report, navigate) {

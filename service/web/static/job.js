@@ -25,6 +25,37 @@ export function stagesOf(job) {
 
 const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
 
+/**
+ * The time left in a running stage, from its own progress: the latest fraction f strictly
+ * between 0 and 1, reported t seconds into the stage, puts the whole stage at t / f.
+ * Null before the stage reports any; `left` in seconds from `now` (ms), never below 0.
+ */
+export function stageEstimate(job, stage, now) {
+  const events = (job.stages || []).filter((e) => e.stage === stage);
+  if (!events.length) return null;
+  const started = Date.parse(events[0].at);
+  const last = [...events].reverse().find((e) => typeof e.fraction === "number" && e.fraction > 0 && e.fraction < 1);
+  if (!last || Date.parse(last.at) <= started) return null;
+  const total = (Date.parse(last.at) - started) / last.fraction;
+  return { fraction: last.fraction, left: Math.max(0, (started + total - now) / 1000) };
+}
+
+/**
+ * Where the job's dynamic shapes come from, once the report says (`report.tracing.dynamic_shapes`):
+ * the options, the module's own `dynamic_shapes`, the checkpoint's task, or none (static).
+ * Before that only the options are known: without them the module may still declare some.
+ */
+export function shapesFact(job, report) {
+  const shapes = report?.tracing?.dynamic_shapes;
+  const given = job.options?.dynamic_shapes;
+  if (shapes?.source && (shapes.source !== "none" || report?.tracing?.attempts?.length)) {
+    const texts = { options: "dynamic shapes given", module: "dynamic shapes from the module", checkpoint: "dynamic shapes for the task", none: "static shapes" };
+    return { source: shapes.source, text: texts[shapes.source] || shapes.source };
+  }
+  if (given) return { source: "options", text: "dynamic shapes given" };
+  return { source: "unknown", text: "the module's dynamic shapes, if any" };
+}
+
 /** Per stage: {state, started, ended} from the job's stage events (ISO times). */
 export function stageTimeline(job) {
   const starts = new Map();
@@ -92,19 +123,20 @@ export function renderJob(root, id, navigate) {
 
   function renderHeader() {
     const o = job.options;
+    const shapes = shapesFact(job, report);
     const facts = [
       job.model_name,
       `created ${formatTime(job.created_at)}`,
       o.strict === true ? "strict" : o.strict === "auto" ? "strict, then non-strict" : "non-strict",
       `decomposition: ${o.decomposition.mode}`,
-      o.dynamic_shapes ? "dynamic shapes given" : "static shapes",
+      h("span", { "data-fact": "shapes", "data-shapes": shapes.source }, shapes.text),
       o.verify.enabled ? "verified" : "not verified",
       o.targets?.length ? `targets: ${o.targets.join(", ")}${o.targets_required ? " (required)" : ""}` : null,
       o.device,
-    ];
-    fill(header, 
+    ].filter(Boolean);
+    fill(header,
       h("h1", {}, "Export ", h("code", { class: "job-id" }, id), " ", badge(job.status)),
-      h("p", { class: "muted" }, facts.filter(Boolean).join(" · "), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
+      h("p", { class: "muted" }, ...facts.flatMap((fact, i) => (i ? [" · ", fact] : [fact])), job.cache_hit ? h("span", { class: "tag" }, "cache hit: an identical earlier export") : null),
     );
   }
 
@@ -116,11 +148,13 @@ export function renderJob(root, id, navigate) {
       const t = timeline[stage];
       const seconds = durations.has(stage) ? durations.get(stage) : t.started ? ((t.ended ?? now) - t.started) / 1000 : null;
       const last = [...(job.stages || [])].reverse().find((e) => e.stage === stage && e.message);
+      const estimate = t.state === "running" ? stageEstimate(job, stage, now) : null;
       return h("li", { class: `stage stage-${t.state}`, "data-stage": stage, "data-state": t.state },
         h("span", { class: "dot", "aria-hidden": "true" }),
         h("span", { class: "name" }, stage),
         h("span", { class: "elapsed" }, t.state === "pending" || t.state === "skipped" ? (t.state === "skipped" ? "skipped" : "") : formatSeconds(seconds)),
-        h("span", { class: "what muted" }, t.state === "running" && last?.message ? last.message : STAGE_HELP[stage]));
+        h("span", { class: "what muted" }, t.state === "running" && last?.message ? last.message : STAGE_HELP[stage],
+          estimate ? h("span", { class: "estimate", "data-left": Math.round(estimate.left) }, ` · ${Math.round(estimate.fraction * 100)} %, about ${formatSeconds(Math.round(estimate.left))} left`) : null));
     }));
     const queued = job.status === "queued";
     if (queued) progress.prepend(h("li", { class: "stage stage-running", "data-stage": "queued" }, h("span", { class: "dot" }), h("span", { class: "name" }, "queued"), h("span", { class: "elapsed" }, formatSeconds((now - Date.parse(job.created_at)) / 1000)), h("span", { class: "what muted" }, "waiting for a worker")));
@@ -141,6 +175,7 @@ export function renderJob(root, id, navigate) {
     } catch (error) {
       showNotice(error);
     }
+    renderHeader();
     renderProgress();
     if (job.status === "succeeded") {
       const [graph, signature] = await Promise.all([

@@ -30,6 +30,7 @@ export function renderJobs(root, params) {
         h("td", {}, badge(job.status), job.cache_hit ? h("span", { class: "tag" }, "cache") : null),
         h("td", {}, job.stage || ""),
         h("td", {}, job.error ? h("code", { "data-code": job.error.code }, job.error.code) : ""),
+        h("td", { "data-field": "targets" }, (job.targets || []).join(", ") || "—"),
         h("td", {}, formatTime(job.created_at)),
         h("td", { class: "num" }, formatSeconds(seconds)));
     });
@@ -43,7 +44,7 @@ export function renderJobs(root, params) {
     if (page.next_cursor) {
       nav.append(h("a", { href: `${base}cursor=${encodeURIComponent(page.next_cursor)}&trail=${[...trail, cursor].map(encodeURIComponent).join(",")}`, id: "next-page" }, "Older →"));
     }
-    fill(body, table(["job", "model", "status", "stage", "error", "created", "took"], rows, { id: "jobs-table" }), nav);
+    fill(body, table(["job", "model", "status", "stage", "error", "targets", "created", "took"], rows, { id: "jobs-table" }), nav);
   }).catch((error) => {
     const code = error instanceof ApiError ? error.body.code : "internal_error";
     fill(body, h("p", { "data-code": code }, h("code", {}, code), " ", error.message));

@@ -1,7 +1,7 @@
 // A succeeded job: summary, downloads, graph, op histogram, signature, verification,
 // deployment targets, decomposition, and an editor to export again with dynamic shapes.
 import { h, fill, card, table, badge, rich, formatShape, formatBytes, formatError, formatSeconds } from "./dom.js";
-import { artifactUrl, downloadArtifact, saveJson } from "./api.js";
+import { artifactUrl, downloadArchive, downloadArtifact, saveJson } from "./api.js";
 import { dimensionEditor } from "./dynamic_shapes.js";
 import { toModelExplorer } from "./model_explorer.js";
 import { renderGraph } from "./graph_view.js";
@@ -90,7 +90,11 @@ function downloads(job, graph) {
     me.addEventListener("click", () => saveJson(toModelExplorer(graph, `torchport ${job.id}`), `${job.id}.model-explorer.json`));
     buttons.push(me);
   }
-  return card("Downloads", h("div", { class: "downloads" }, buttons),
+  const total = (job.artifacts || []).reduce((sum, a) => sum + a.size, 0);
+  const all = h("button", { type: "button", class: "secondary", id: "download-all" },
+    "Download all", h("span", { class: "muted" }, ` ${job.artifacts?.length || 0} files, ${formatBytes(total)}, one zip`));
+  all.addEventListener("click", () => downloadArchive(job.id));
+  return card("Downloads", h("div", { class: "actions download-all" }, all), h("div", { class: "downloads" }, buttons),
     h("p", { class: "muted small" }, "Load the program with ", h("code", {}, 'ep = torch.export.load("program.pt2"); ep.module()(*inputs)'),
       ". Open the Model Explorer file with ", h("code", {}, "model-explorer model-explorer.json"), " or its web app's upload."));
 }

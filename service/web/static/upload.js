@@ -97,7 +97,10 @@ export function renderUpload(root, navigate) {
   const requires = h("textarea", { name: "requires", rows: 2, spellcheck: "false", placeholder: "transformers>=4.40" });
   requires.value = (options.requires || []).join("\n");
 
-  const strict = select("strict", [["false", "non-strict (default: runs your Python, traces tensor ops)"], ["true", "strict (TorchDynamo; stricter about Python features)"], ["auto", "auto (strict, then non-strict)"]], String(options.strict ?? "false"));
+  // Short choices that fit the field; what each does is said under it.
+  const strict = select("strict", [["false", "non-strict (default)"], ["true", "strict (TorchDynamo)"], ["auto", "auto: strict, then non-strict"]], String(options.strict ?? "false"));
+  const strictHelp = h("span", { class: "help", id: "strict-help" }, STRICT_HELP[strict.value]);
+  strict.addEventListener("change", () => { strictHelp.textContent = STRICT_HELP[strict.value]; });
   const mode = select("decomposition", [["core_aten", "core ATen (default)"], ["none", "none: keep the ops as traced"], ["custom", "custom: decompose only the listed ops"]], options.decomposition?.mode || "core_aten");
   const preserve = h("textarea", { name: "preserve", rows: 2, placeholder: "aten.conv2d.default\naten.layer_norm.default", spellcheck: "false" }, (options.decomposition?.preserve || []).join("\n"));
   const decompose = h("textarea", { name: "decompose", rows: 2, placeholder: "aten.linear.default", spellcheck: "false" }, (options.decomposition?.decompose || []).join("\n"));
@@ -105,8 +108,8 @@ export function renderUpload(root, navigate) {
   const decomposeRow = h("label", { class: "field", hidden: true }, "Decompose only these ops (one per line)", decompose);
   const device = select("device", [["cpu", "cpu"], ["cuda", "cuda (GPU workers)"]], options.device || "cpu");
   const verify = h("input", { type: "checkbox", name: "verify", checked: options.verify?.enabled !== false });
-  const atol = h("input", { type: "number", name: "atol", step: "any", min: 0, placeholder: "by dtype (float32: 1e-5)", value: options.verify?.atol ?? "" });
-  const rtol = h("input", { type: "number", name: "rtol", step: "any", min: 0, placeholder: "by dtype (float32: 1.3e-6)", value: options.verify?.rtol ?? "" });
+  const atol = h("input", { type: "number", name: "atol", class: "tolerance", step: "any", min: 0, placeholder: "by dtype (float32: 1e-5)", value: options.verify?.atol ?? "" });
+  const rtol = h("input", { type: "number", name: "rtol", class: "tolerance", step: "any", min: 0, placeholder: "by dtype (float32: 1.3e-6)", value: options.verify?.rtol ?? "" });
   const samples = h("input", { type: "number", name: "samples", min: 0, max: 64, step: 1, value: options.verify?.samples ?? 3 });
   const roundtrip = h("input", { type: "checkbox", name: "roundtrip", checked: options.verify?.roundtrip !== false });
   const verifyFields = h("div", { class: "row" },
@@ -189,7 +192,7 @@ export function renderUpload(root, navigate) {
       h("details", {}, h("summary", {}, "Module attribute"), h("label", { class: "field" }, "Name of the model in the file", symbol))),
     card("Options",
       h("div", { class: "grid" },
-        h("label", { class: "field" }, "Tracing", strict),
+        h("label", { class: "field" }, "Tracing", strict, strictHelp),
         h("label", { class: "field" }, "Device", device),
         h("label", { class: "field" }, "Decomposition", mode)),
       preserveRow, decomposeRow,
@@ -320,6 +323,12 @@ function fillErrors(list, problems) {
     h("code", {}, p.code), " ", p.message, p.hint ? h("div", { class: "hint" }, p.hint) : null)));
   if (problems.length) list.scrollIntoView({ block: "nearest" });
 }
+
+const STRICT_HELP = {
+  false: "runs your Python as Python and traces the tensor operations",
+  true: "TorchDynamo reads your Python: stricter about Python features",
+  auto: "strict first, non-strict when strict fails",
+};
 
 function select(name, choices, value) {
   return h("select", { name }, choices.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
