@@ -5,8 +5,8 @@ What `_export` calls beside the stages themselves: making inputs and outputs por
 shapes suggestion and the draft-export issues for the report, keeping ops undecomposed
 until verification passes (`keep_ops_until_verified`) and the `verification_failed`
 error, the `partially_verified` warning (`partial_verification_warning`), the save →
-load round trip (`check_roundtrip`), the deployment targets (`convert_targets`) and
-writing the JSON documents.
+load round trip (`check_roundtrip`), the deployment targets (`convert_targets`), the
+artifacts' profiles (`profile_artifacts`) and writing the JSON documents.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from engine import decomposition, documents, draft, portability, roundtrip, verification
+from engine import decomposition, documents, draft, portability, profiling, roundtrip, verification
+from engine.artifacts import PROGRAM
 from engine.eager import run_eager
 from engine.errors import ExportError, SerializationFailed, TargetFailed, VerificationFailed
 from engine.export_run import ExportRun
@@ -44,6 +45,7 @@ __all__ = [
     "keep_ops_until_verified",
     "partial_verification_warning",
     "plain_options",
+    "profile_artifacts",
     "run_reference",
     "suggest_dynamic_shapes",
     "unknown_output",
@@ -60,10 +62,11 @@ def convert_targets(
     pristine: torch.nn.Module,
     loaded: LoadedModel,
     names: Mapping[str, str] | None = None,
+    profiled: dict[str, profiling.Subject] | None = None,
 ) -> None:
     """The deployment targets asked for, each converted from the job's own programs and
     verified in its runtime; a failed one is a `target_failed` warning, or the job's
-    error when `targets_required`."""
+    error when `targets_required`. `profiled` gathers the succeeded ones to profile."""
     from engine import targets
 
     options = run.request.options
@@ -82,6 +85,7 @@ def convert_targets(
                 options=options,
                 names=names,
                 generation=loaded.generation,
+                profiled=profiled,
             )
             run.targets[name] = result
             if result.status == "succeeded" and result.artifact is not None:
@@ -102,6 +106,37 @@ def convert_targets(
             run.warnings.append(
                 ReportWarning(code="target_failed", message=message, details=details)
             )
+
+
+def profile_artifacts(
+    run: ExportRun,
+    pristine: torch.nn.Module,
+    loaded: LoadedModel,
+    profiled: dict[str, profiling.Subject],
+) -> None:
+    """Stage `profiling`: the eager model, `program.pt2` and each succeeded target loaded
+    and timed on the example inputs (`report.profile`); it never fails the job."""
+    from engine.targets import ORDER
+
+    options = run.request.options
+    with run.step("profiling", "latency, load time and memory of each artifact"):
+        subjects = [
+            profiling.eager_subject(pristine, loaded.args, loaded.kwargs),
+            profiling.program_subject(run.request.out_dir / PROGRAM, loaded.args, loaded.kwargs),
+        ]
+        for name in ORDER:
+            result = run.targets.get(name)
+            if name in profiled and result is not None and result.status == "succeeded":
+                subjects.append(profiled[name])
+        elapsed = sum(stage.duration_s for stage in run.stages)
+        run.sections["profile"] = profiling.profile(
+            subjects,
+            options.profile,
+            budget_s=profiling.budget(options, elapsed),
+            device=options.device,
+            memory_mb=options.memory_mb,
+            progress=run.emit,
+        )
 
 
 def partial_verification_warning(

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from engine import verification
+from engine import profiling, verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
 from engine.targets import encoders
@@ -156,6 +156,7 @@ def run_target(
     names: Mapping[str, str] | None = None,
     onnx_external_threshold: int | None = None,
     generation: Generation | None = None,
+    profiled: dict[str, profiling.Subject] | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -176,6 +177,8 @@ def run_target(
             also checked by greedy generation (`TargetResult.generation`); `onnx` is then
             traced with the cache as inputs and outputs (`engine.generation.onnx_past`)
             and checked by generation only.
+        profiled: when given, a succeeded target adds itself, loaded as it was verified
+            (`engine.profiling.target_subject`), for the profiling stage.
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -290,6 +293,17 @@ def run_target(
             notes=notes,
             details=facts,
             error=_error(name, exc),
+        )
+    if profiled is not None:
+        profiled[name] = profiling.target_subject(
+            name,
+            target,
+            path,
+            source,
+            _loading(name, settings, facts),
+            args,
+            kwargs,
+            _files(name, path),
         )
     return TargetResult(
         status="succeeded",

@@ -207,12 +207,13 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         assert options["targets_required"] is True
         assert options["aoti"] == {"isa": "x86-64-v2"}
         assert options["device"] == "cuda"
-        # The job's progress lists the converting stage after serializing.
+        # The job's progress lists the converting stage after serializing, then profiling
+        # (on by default with targets).
         page.wait_for_selector("[data-stage=converting]")
         stages = page.locator("#stages li[data-stage]").evaluate_all(
             "items => items.map(i => i.dataset.stage)"
         )
-        assert stages[-2:] == ["serializing", "converting"]
+        assert stages[-3:] == ["serializing", "converting", "profiling"]
     finally:
         httpx.delete(f"{server.url}v1/exports/{job_id}", timeout=10)
 
@@ -230,6 +231,7 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         assert options["aoti"] == {"isa": "portable"}
         page.wait_for_selector("[data-stage=serializing]")
         assert page.locator("[data-stage=converting]").count() == 0
+        assert page.locator("[data-stage=profiling]").count() == 0
     finally:
         httpx.delete(f"{server.url}v1/exports/{other}", timeout=10)
 
