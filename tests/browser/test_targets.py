@@ -113,8 +113,18 @@ def targets_report(status: str) -> dict[str, Any]:
     }
 
 
-def seed(server: Server, tmp_path: Path, *, failed: bool) -> tuple[str, dict[str, Any]]:
-    """A finished job with targets onnx, aoti (failed) and executorch; (id, report)."""
+def seed(
+    server: Server,
+    tmp_path: Path,
+    *,
+    failed: bool,
+    profile: dict[str, Any] | None = None,
+    unchecked: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """A finished job with targets onnx, aoti (failed) and executorch; (id, report).
+
+    `profile` becomes `report.profile`; `unchecked` adds report fields this version's
+    schema does not know (written as they are, as a newer worker would)."""
     model = unique_model(tmp_path)
     options: dict[str, Any] = {"device": "cuda", "targets": ["executorch", "onnx", "aoti"]}
     if failed:
@@ -161,11 +171,14 @@ def seed(server: Server, tmp_path: Path, *, failed: bool) -> tuple[str, dict[str
             ],
             "error": error if failed else None,
             "targets": targets_report(status),
+            "profile": profile,
             "environment": {"torchport": "0.0", "python": "3", "platform": "test"},
             "duration_s": 3.0,
         }
     )
-    files["report.json"] = report.model_dump_json().encode()
+    files["report.json"] = json.dumps(
+        {**report.model_dump(mode="json"), **(unchecked or {})}
+    ).encode()
     stored = []
     for name, data in files.items():
         path = tmp_path / name
