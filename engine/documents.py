@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,8 @@ from schemas import (
 )
 
 _REPR_LIMIT = 200
+_OP_NAME = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*$")
+"""`namespace.op.overload`, as torch prints an operator."""
 """Longest repr of an odd argument kept in graph.json; longer ones are cut."""
 
 
@@ -217,6 +220,7 @@ def _node(node: torch.fx.Node, source_map: SourceMap, names: DimNames | None) ->
             for v in val
         ]
     stack_trace = node.meta.get("stack_trace")
+    source = source_map.from_text(stack_trace) if stack_trace else None
     return GraphNode(
         name=node.name,
         op=node.op,
@@ -226,9 +230,25 @@ def _node(node: torch.fx.Node, source_map: SourceMap, names: DimNames | None) ->
         shape=shape,
         dtype=dtype,
         outputs=outputs,
-        source=source_map.from_text(stack_trace) if stack_trace else None,
+        source=source,
+        library_source=source_map.library_frame(stack_trace)
+        if stack_trace and source is None
+        else None,
         module_stack=module_stack(node),
+        decomposed_from=decomposed_from(node),
     )
+
+
+def decomposed_from(node: torch.fx.Node) -> str | None:
+    """The op of the traced program `node` was decomposed from, when it is another op (the
+    provenance `run_decompositions` records in `from_node`)."""
+    if node.op != "call_function":
+        return None
+    origins = node.meta.get("from_node") or []
+    origin = getattr(origins[0], "target", None) if origins else None
+    if not isinstance(origin, str) or not _OP_NAME.match(origin):
+        return None  # not an operator (a builtin's repr, a placeholder's name)
+    return None if origin == target_name(node.target) else origin
 
 
 def render_argument(value: Any) -> Any:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import linecache
+import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from schemas import SourceLocation
+from schemas import LibraryLocation, SourceLocation
 
 _FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
@@ -26,6 +28,25 @@ def _relative(filename: str, root: Path) -> str | None:
         return Path(filename).resolve().relative_to(root.resolve()).as_posix()
     except (ValueError, OSError):
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _import_path(filename: str) -> str:
+    # A library file by the path it is imported under (`transformers/models/…`): the longest
+    # sys.path entry holding it is cut off, so no server path is shown; else its name alone.
+    path = Path(os.path.abspath(filename))
+    best: Path | None = None
+    for entry in sys.path:
+        root = Path(os.path.abspath(entry)) if entry else None
+        if root is None or not path.is_relative_to(root):
+            continue
+        if best is None or len(root.parts) > len(best.parts):
+            best = root
+    return path.relative_to(best).as_posix() if best is not None else path.name
+
+
+def _is_torch(filename: str) -> bool:
+    return _import_path(filename).split("/", 1)[0] == "torch"
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,24 @@ class SourceMap:
             if loc is not None:
                 found = loc
         return found
+
+    def library_frame(self, text: str) -> LibraryLocation | None:
+        """The deepest frame of a printed stack outside the upload and outside torch (the
+        deepest of torch's when there is no other), by its path under its import root."""
+        found = deepest = None
+        for match in _FRAME_LINE.finditer(text):
+            filename = match["file"]
+            if self.relative(filename) is not None:
+                continue
+            deepest = (filename, int(match["line"]))
+            if not _is_torch(filename):
+                found = deepest
+        chosen = found or deepest
+        if chosen is None:
+            return None
+        filename, line = chosen
+        code = linecache.getline(filename, line).strip() or None
+        return LibraryLocation(file=_import_path(filename), line=line, code=code)
 
     def scrub(self, text: str) -> str:
         """Replace server paths of the upload in `text` by the uploaded names."""

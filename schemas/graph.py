@@ -27,6 +27,17 @@ class ModuleFrame(StrictModel):
     type: str = Field(description="Class name, e.g. `Linear`.")
 
 
+class LibraryLocation(StrictModel):
+    """A place in library code (an installed package), never a server path."""
+
+    file: str = Field(
+        description="Path from the import root it was loaded from, e.g. "
+        "`transformers/models/bert/modeling_bert.py`."
+    )
+    line: int
+    code: str | None = Field(default=None, description="The source line, stripped.")
+
+
 class GraphNode(StrictModel):
     """One FX node."""
 
@@ -41,7 +52,18 @@ class GraphNode(StrictModel):
         default=None, description="Per-element metadata for nodes that return several values."
     )
     source: SourceLocation | None = None
+    library_source: LibraryLocation | None = Field(
+        default=None,
+        description="For a node without `source` (no frame of the upload in its stack): the "
+        "deepest frame of its stack outside torch, in library code (the deepest frame when "
+        "all are torch's); null when the node has no stack.",
+    )
     module_stack: list[ModuleFrame] = Field(default_factory=list)
+    decomposed_from: str | None = Field(
+        default=None,
+        description="The op of the traced program this node was decomposed from, when that "
+        "is another op (`aten.linear.default` for an `aten.addmm.default`); null otherwise.",
+    )
 
 
 class RangeConstraint(StrictModel):

@@ -28,11 +28,12 @@ from persistence.queue import enqueue_export, make_celery
 from persistence.retention import Collection, collect
 from persistence.store import open_store
 from service import web
-from service.auth import Authenticator, is_loopback, make_rate_limiter
+from service.auth import Authenticator, is_loopback
 from service.deps import AppState
 from service.errors import Forbidden, install_error_handlers
 from service.jobs import engine_fingerprint
 from service.metrics import Metrics
+from service.rate_limits import auth_failures_per_address, requests_per_key
 from service.routes import artifact_zip, environment, exports, health
 from service.settings import ServiceSettings
 from service.streams import EventHub, StreamLimiter
@@ -66,17 +67,14 @@ def build_state(settings: ServiceSettings) -> AppState:
         store=open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url),
         celery=make_celery(settings),
         authenticator=Authenticator(sessions),
-        rate_limiter=make_rate_limiter(
-            settings.resolved_broker_url,
-            settings.rate_limit_per_minute,
-            key_prefix=settings.broker_key_prefix,
+        rate_limit=requests_per_key(
+            broker_url, settings.rate_limit_per_minute, key_prefix=settings.broker_key_prefix
         ),
-        auth_failure_limiter=make_rate_limiter(
-            settings.resolved_broker_url,
+        auth_failure_limit=auth_failures_per_address(
+            broker_url,
+            settings.auth_failures_burst,
             settings.auth_failures_per_minute,
             key_prefix=settings.broker_key_prefix,
-            capacity=settings.auth_failures_burst,
-            name="authfail",
         ),
         metrics=Metrics(sessions, settings.heartbeat_timeout_s),
         fingerprint=engine_fingerprint(),

@@ -12,9 +12,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from persistence.store import ArtifactStore
-from service.auth import Authenticator, Caller, Limiter
+from service.auth import Authenticator, Caller
 from service.errors import RateLimited, Unauthorized
 from service.metrics import Metrics
+from service.rate_limits import RateLimit
 from service.settings import ServiceSettings
 from service.streams import EventHub, StreamLimiter
 
@@ -29,9 +30,10 @@ class AppState:
     store: ArtifactStore
     celery: Celery
     authenticator: Authenticator
-    rate_limiter: Limiter
-    auth_failure_limiter: Limiter
-    """Failed authentications per client address (`service.auth.make_rate_limiter`)."""
+    rate_limit: RateLimit
+    """Requests per API key (`service.rate_limits.requests_per_key`)."""
+    auth_failure_limit: RateLimit
+    """Failed authentications per client address (`service.rate_limits`)."""
     metrics: Metrics
     fingerprint: str
     hub: EventHub
@@ -71,18 +73,18 @@ async def get_caller(
     """
     address = request.client.host if request.client else "local"
     guarded = authorization is not None and state.authenticator.keys_configured()
-    if guarded and (wait := state.auth_failure_limiter.take(address, cost=0)) is not None:
+    if guarded and (wait := state.auth_failure_limit.blocked(address)) is not None:
         raise _too_many_failures(wait)
     try:
         caller = state.authenticator.authenticate(authorization)
     except Unauthorized:
-        if guarded and (wait := state.auth_failure_limiter.take(address)) is not None:
+        if guarded and (wait := state.auth_failure_limit.hit(address)) is not None:
             raise _too_many_failures(wait) from None
         raise
     if caller.key_id is not None:
         # Without keys the app answers loopback callers only (service.app), and the one
         # local user is not throttled. Shared through Redis by every replica.
-        state.rate_limiter.check(caller.identity)
+        state.rate_limit.check(caller.identity)
     return caller
 
 

@@ -33,22 +33,23 @@ class ServiceSettings(CommonSettings):
     rate_limit_per_minute: int = Field(
         default=600,
         gt=0,
-        description="Requests per minute per API key (keyless loopback servers are not "
-        "limited); one bucket in Redis for all API replicas when Redis is the broker.",
+        description="Requests per API key in any minute (keyless loopback servers are not "
+        "limited); one count in Redis for all API replicas when Redis is the broker.",
     )
     auth_failures_per_minute: int = Field(
         default=30,
         gt=0,
         description="Failed authentications (an Authorization header with no valid key) one "
-        "client address may make per minute, refilled continuously; over the burst, that "
-        "address is answered `rate_limited` 429 before its key is looked at. One count in "
-        "Redis for all API replicas when Redis is the broker.",
+        "client address may make per minute on average: each one counts for "
+        "`TORCHPORT_AUTH_FAILURES_BURST` / this many minutes (40 s by default); over the "
+        "burst, that address is answered `rate_limited` 429 before its key is looked at. One "
+        "count in Redis for all API replicas when Redis is the broker.",
     )
     auth_failures_burst: int = Field(
         default=20,
         gt=0,
-        description="Failed authentications one client address may make at once before "
-        "`TORCHPORT_AUTH_FAILURES_PER_MINUTE` applies.",
+        description="Failed authentications one client address may make at once; one more "
+        "waits until the oldest of them stops counting.",
     )
     max_concurrent_jobs: int = Field(
         default=8, gt=0, description="Queued plus running jobs one API key may have."

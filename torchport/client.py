@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import connect_sse
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -110,30 +111,21 @@ class Job:
         return self
 
     def events(self) -> Iterator[StageEvent | JobPublic]:
-        """Stage events as they happen, then the final job (server-sent events)."""
-        headers = {"Accept": "text/event-stream"}
-        with self._client._http.stream(
-            "GET", f"/v1/exports/{self.id}/events", headers=headers, timeout=None
-        ) as response:
-            if not response.is_success:
-                response.read()
-                _raise_for(response)
-            event, data = "message", list[str]()
-            for line in response.iter_lines():
-                if line == "":
-                    if data:
-                        payload = "\n".join(data)
-                        if event == "job":
-                            self.data = JobPublic.model_validate_json(payload)
-                            yield self.data
-                            return
-                        if event == "stage":
-                            yield StageEvent.model_validate_json(payload)
-                    event, data = "message", []
-                elif line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    data.append(line[5:].lstrip())
+        """Stage events as they happen, then the final job (server-sent events, parsed by
+        httpx-sse)."""
+        with connect_sse(
+            self._client._http, "GET", f"/v1/exports/{self.id}/events", timeout=None
+        ) as source:
+            if not source.response.is_success:
+                source.response.read()
+                _raise_for(source.response)
+            for sse in source.iter_sse():
+                if sse.event == "job":
+                    self.data = JobPublic.model_validate_json(sse.data)
+                    yield self.data
+                    return
+                if sse.event == "stage":
+                    yield StageEvent.model_validate_json(sse.data)
 
     def wait(
         self,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from persistence.settings import CommonSettings
+from persistence.webhook_secrets import signing_key
 from worker.sandbox.settings import SandboxSettings
 
 
@@ -71,8 +72,17 @@ class WorkerSettings(CommonSettings):
     webhook_secret: str | None = Field(
         default=None,
         min_length=32,
-        description="Signs webhooks of jobs submitted without an API key.",
+        description="Signs webhooks of jobs submitted without an API key: `whsec_` and the "
+        "base64 of at least 24 random bytes (Standard Webhooks), or any other text of 32 or "
+        "more characters, whose UTF-8 bytes are then the key.",
     )
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _webhook_secret_gives_a_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            signing_key(value)  # a malformed whsec_ secret fails at start-up
+        return value
 
     @property
     def resolved_work_dir(self) -> Path:

@@ -1,11 +1,18 @@
 """Completion callbacks: POST the job body to the job's `callback_url`, signed.
 
-The signature is `X-Torchport-Signature: sha256=<hex>` where the hex is
-HMAC-SHA256(secret, f"{timestamp}.{body}") and the timestamp is sent as
-`X-Torchport-Timestamp`; the secret is the submitting API key's webhook secret
-(shown by `torchport keys create`), or `TORCHPORT_WEBHOOK_SECRET` for keyless servers.
+Signed per the Standard Webhooks spec, by the `standardwebhooks` package: `webhook-id` (the
+job id, the same on every retry, so a receiver can drop duplicates), `webhook-timestamp`
+(unix seconds), `webhook-signature: v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`, so
+a receiver verifies with any Standard Webhooks library. The secret is the submitting API
+key's webhook secret (shown by `torchport keys create`), or `TORCHPORT_WEBHOOK_SECRET` for
+keyless servers; `persistence.webhook_secrets` says how a secret gives the key. Deprecated,
+sent one more release for receivers that verify the old way: `X-Torchport-Timestamp` and
+`X-Torchport-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`, keyed with the
+secret's text as shown.
 
-The URL is the caller's, so a delivery must not become a probe of the worker's network:
+The delivery itself stays ours, on httpcore: the URL is the caller's, so a delivery must
+not become a probe of the worker's network, and no HTTP client library pins a checked
+address and holds one deadline over DNS, connect, TLS and the answer's headers:
 
 - the host is resolved once and every address it resolves to must be public (not
   loopback, private, link-local — 169.254.169.254 is —, shared, multicast, reserved or
@@ -33,15 +40,18 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpcore
 from sqlalchemy import update
+from standardwebhooks import Webhook
 
 from persistence.database import transaction
 from persistence.models import ApiKey, Job, utcnow
 from persistence.records import load_job, to_public
+from persistence.webhook_secrets import signing_key
 from worker.execution import WorkerContext
 
 logger = logging.getLogger(__name__)
@@ -62,10 +72,26 @@ class DestinationRefused(Exception):
     """The callback URL names an address the worker may not call (or cannot resolve)."""
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The signature header value for a body sent at `timestamp`."""
+def legacy_signature(secret: str, timestamp: str, body: bytes) -> str:
+    """The deprecated `X-Torchport-Signature` value of a body sent at `timestamp`."""
     mac = hmac.new(secret.encode("utf-8"), timestamp.encode("ascii") + b"." + body, hashlib.sha256)
     return "sha256=" + mac.hexdigest()
+
+
+def signature_headers(secret: str, message_id: str, sent_at: int, body: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers of `body` sent at unix time `sent_at`, and the
+    deprecated ones."""
+    timestamp = str(sent_at)
+    signature = Webhook(signing_key(secret)).sign(
+        message_id, datetime.fromtimestamp(sent_at, tz=UTC), body.decode("utf-8")
+    )
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": signature,
+        "X-Torchport-Timestamp": timestamp,
+        "X-Torchport-Signature": legacy_signature(secret, timestamp, body),
+    }
 
 
 def is_public_address(address: IPAddress) -> bool:
@@ -312,14 +338,11 @@ def deliver(context: WorkerContext, job_id: str, *, final_attempt: bool) -> bool
     if url is None:
         return True
     body = public.model_dump_json().encode("utf-8")
-    timestamp = str(int(time.time()))
-    headers = {
-        "Content-Type": "application/json",
-        "X-Torchport-Timestamp": timestamp,
-        "X-Torchport-Job": job_id,
-    }
+    headers = {"Content-Type": "application/json", "X-Torchport-Job": job_id}
     if secret:
-        headers["X-Torchport-Signature"] = sign(secret, timestamp, body)
+        headers |= signature_headers(secret, job_id, int(time.time()), body)
+    else:
+        headers["X-Torchport-Timestamp"] = str(int(time.time()))
     status_code: int | None = None
     delivered = False
     final = final_attempt

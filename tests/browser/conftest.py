@@ -99,6 +99,24 @@ class Server:
         answer.raise_for_status()
         return answer.json()
 
+    def export(self, model: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """Submit `model` through the API and wait for it to succeed: its id, graph.json and
+        report.json."""
+        with model.open("rb") as f:
+            answer = httpx.post(
+                f"{self.url}v1/exports", files={"model": (model.name, f)}, timeout=30
+            )
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["id"]
+        deadline = time.monotonic() + 300
+        while (job := self.api(f"v1/exports/{job_id}"))["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.5)
+        assert job["status"] == "succeeded", job["error"]
+        graph = self.api(f"v1/exports/{job_id}/artifacts/graph.json")
+        report = self.api(f"v1/exports/{job_id}/artifacts/report.json")
+        return job_id, graph, report
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

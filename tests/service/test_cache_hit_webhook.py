@@ -9,6 +9,7 @@ finished by the API without one.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -28,13 +29,14 @@ from tests.service.conftest import REDIS_URL, ROOT, model_file
 from tests.service.test_exports import complete
 from tests.webhook_receiver import Receiver
 
-SECRET = "cache-hit-secret-of-at-least-32-characters"
-"""The keyless server's webhook secret (`TORCHPORT_WEBHOOK_SECRET`)."""
+SECRET = "whsec_" + base64.b64encode(b"cache-hit-secret-of-32-bytes-key").decode()
+"""The keyless server's webhook secret (`TORCHPORT_WEBHOOK_SECRET`), as Standard Webhooks
+writes one."""
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    receiving = Receiver(204)
+    receiving = Receiver(204, secret=SECRET)  # verifies the Standard Webhooks headers
     yield receiving
     receiving.server.shutdown()
 
@@ -94,6 +96,7 @@ def test_a_cache_hit_delivers_its_webhook(
         assert webhooks_worker.poll() is None, (tmp_path / "webhooks.log").read_text()
         time.sleep(0.1)
     assert len(receiver.requests) == 1  # was none: pending with 0 attempts forever
+    assert receiver.verified == [True]
     sent_headers, body = receiver.requests[0]
     assert JobPublic.model_validate_json(body).id == job.id
     timestamp = sent_headers["X-Torchport-Timestamp"]

@@ -40,6 +40,8 @@ export function convertGraph(graph, id) {
     if (node.shape) attrs.push({ key: "shape", value: `[${node.shape.join(", ")}]` });
     if (node.dtype) attrs.push({ key: "dtype", value: node.dtype });
     if (node.source) attrs.push({ key: "source", value: `${node.source.file}:${node.source.line}: ${node.source.code}` });
+    else if (node.library_source) attrs.push({ key: "library_source", value: `${node.library_source.file}:${node.library_source.line}: ${node.library_source.code ?? ""}` });
+    if (node.decomposed_from) attrs.push({ key: "decomposed_from", value: node.decomposed_from });
     if (node.module_stack?.length) attrs.push({ key: "module", value: node.module_stack.map((m) => `${m.path} (${m.type})`).join(" / ") });
     const incomingEdges = nodeRefs([node.args, node.kwargs])
       .filter((name) => byName.has(name))

@@ -6,6 +6,7 @@ import { artifactUrl, downloadArtifact, saveJson } from "./api.js";
 import { dimensionEditor } from "./dynamic_shapes.js";
 import { toModelExplorer } from "./model_explorer.js";
 import { renderGraph } from "./graph_view.js";
+import { longTable } from "./long_table.js";
 import { startAgain } from "./job.js";
 import { artifactsCard } from "./profiles.js";
 
@@ -32,7 +33,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
   const sections = [
     summary(job, report, graph, signature),
     downloads(job, graph),
-    graph ? graphCard(graph, nonCore) : null,
+    graph ? graphCard(graph, nonCore, report?.decomposition) : null,
     graph ? histogram(graph.op_histogram, nonCore) : null,
     signature ? signatureCard(signature) : null,
     report?.verification ? verificationCard(report.verification) : null,
@@ -97,11 +98,11 @@ function downloads(job, graph) {
       ". Open the Model Explorer file with ", h("code", {}, "model-explorer model-explorer.json"), " or its web app's upload."));
 }
 
-function graphCard(graph, nonCore) {
+function graphCard(graph, nonCore, decomposition) {
   const host = h("div", { class: "graph-host" });
   const body = card("Graph", host);
   // Cytoscape needs the element in the document to measure it.
-  requestAnimationFrame(() => renderGraph(host, graph, { nonCore }));
+  requestAnimationFrame(() => renderGraph(host, graph, { nonCore, decomposition }));
   return body;
 }
 
@@ -118,14 +119,18 @@ function histogram(counts, nonCore) {
 }
 
 function signatureCard(signature) {
+  const columns = ["kind", "name", "target / path", "shape", "dtype"];
+  const inputRow = (i) => h("tr", { "data-kind": i.kind }, h("td", {}, i.kind), h("td", {}, h("code", {}, i.name)), h("td", {}, i.target || i.pytree_path || ""),
+    h("td", { class: "shape" }, i.shape ? formatShape(i.shape) : i.value !== null && i.value !== undefined ? `= ${JSON.stringify(i.value)}` : "—"), h("td", {}, i.dtype || ""));
+  const user = signature.inputs.filter((i) => i.kind === "user_input");
+  const state = signature.inputs.filter((i) => i.kind !== "user_input");
   return card("Signature",
     h("h3", {}, "Inputs"),
-    table(["kind", "name", "target / path", "shape", "dtype"], signature.inputs.map((i) =>
-      h("tr", { "data-kind": i.kind }, h("td", {}, i.kind), h("td", {}, h("code", {}, i.name)), h("td", {}, i.target || i.pytree_path || ""),
-        h("td", { class: "shape" }, i.shape ? formatShape(i.shape) : i.value !== null && i.value !== undefined ? `= ${JSON.stringify(i.value)}` : "—"), h("td", {}, i.dtype || "")))),
+    table(columns, user.map(inputRow)),
+    state.length ? [h("h3", {}, `Parameters, buffers and constants (${state.length})`), longTable(columns, state, inputRow, { class: "state-inputs" })] : null,
     h("h3", {}, "Outputs"),
-    table(["kind", "name", "target / path", "shape", "dtype"], signature.outputs.map((o) =>
-      h("tr", { "data-kind": o.kind }, h("td", {}, o.kind), h("td", {}, h("code", {}, o.name)), h("td", {}, o.target || o.pytree_path || ""), h("td", { class: "shape" }, formatShape(o.shape)), h("td", {}, o.dtype || "")))),
+    longTable(columns, signature.outputs, (o) =>
+      h("tr", { "data-kind": o.kind }, h("td", {}, o.kind), h("td", {}, h("code", {}, o.name)), h("td", {}, o.target || o.pytree_path || ""), h("td", { class: "shape" }, formatShape(o.shape)), h("td", {}, o.dtype || ""))),
     signature.dynamic_shapes ? h("details", {}, h("summary", {}, "Dynamic-shapes spec used"), h("pre", {}, JSON.stringify(signature.dynamic_shapes, null, 1))) : null);
 }
 
@@ -264,16 +269,16 @@ function verdict(status) {
 function decompositionCard(d) {
   const nonCore = new Set(d.non_core_aten_ops || []);
   const ops = [...new Set([...Object.keys(d.ops_before || {}), ...Object.keys(d.ops_after || {})])].sort();
-  const rows = ops.map((op) => h("tr", { class: nonCore.has(op) ? "non-core" : "", "data-op": op },
+  const row = (op) => h("tr", { class: nonCore.has(op) ? "non-core" : "", "data-op": op },
     h("td", {}, h("code", {}, op)), h("td", { class: "num" }, String(d.ops_before?.[op] ?? "")), h("td", { class: "num" }, String(d.ops_after?.[op] ?? "")),
-    h("td", {}, nonCore.has(op) ? "outside core ATen" : d.removed_ops?.includes(op) ? "decomposed" : d.added_ops?.includes(op) ? "introduced" : "")));
+    h("td", {}, nonCore.has(op) ? "outside core ATen" : d.removed_ops?.includes(op) ? "decomposed" : d.added_ops?.includes(op) ? "introduced" : ""));
   return card("Decomposition",
     h("p", {}, `Mode `, h("code", {}, d.mode), d.preserve?.length ? ["; kept as requested: ", d.preserve.map((p) => h("code", {}, p))] : "", "."),
     nonCore.size
       ? h("p", { class: "warn-line" }, `${nonCore.size} op${nonCore.size > 1 ? "s" : ""} outside the core ATen set: a backend that only implements core ATen will not run this program as is.`)
       : h("p", { class: "ok-line" }, "Every op is in the core ATen set."),
     d.kept_after_failure?.length ? h("p", { class: "warn-line" }, "Kept undecomposed because decomposing them failed: ", d.kept_after_failure.map((p) => h("code", {}, p, " "))) : null,
-    table(["op", "before", "after", ""], rows, { class: "decomposition" }));
+    longTable(["op", "before", "after", ""], ops, row, { class: "decomposition" }));
 }
 
 function reexportCard(job, signature, navigate, suggested = null, examples = []) {
