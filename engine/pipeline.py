@@ -1,4 +1,5 @@
-"""One export, end to end: load → trace → decompose → verify → serialize.
+"""One export, end to end: load → trace → decompose → verify → serialize (→ convert →
+profile, when asked).
 
 `run_export` never raises for a failure the user can cause: it always writes
 `report.json` (with the error) into the output directory, and on success also
@@ -33,6 +34,7 @@ from engine import (
     library_adaptations,
     loading,
     portability,
+    profiling,
     roundtrip,
     tracing,
     verification,
@@ -52,6 +54,7 @@ from engine.pipeline_steps import (
     keep_ops_until_verified,
     partial_verification_warning,
     plain_options,
+    profile_artifacts,
     run_reference,
     suggest_dynamic_shapes,
     unknown_output,
@@ -189,6 +192,7 @@ def run_export(
         targets=run.targets,
         checkpoint=run.sections.get("checkpoint"),
         generation=run.sections.get("generation"),
+        profile=run.sections.get("profile"),
         environment=environment.describe(request.options.device, libraries=run.libraries),
         artifacts=(
             [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
@@ -367,8 +371,11 @@ def _export(
                 run, encoder, encoder_report, roundtrip_runner if roundtrip_wanted else None
             )
 
+    profiled: dict[str, profiling.Subject] | None = {} if profiling.wanted(options) else None
     if options.targets:
-        convert_targets(run, artifacts, ep, traced.ep, pristine, loaded, names)
+        convert_targets(run, artifacts, ep, traced.ep, pristine, loaded, names, profiled)
+    if profiled is not None:
+        profile_artifacts(run, pristine, loaded, profiled)
 
 
 def _sampled(loaded: LoadedModel, options: ExportOptions) -> VerifyOptions:

@@ -5,8 +5,8 @@ What `_export` calls beside the stages themselves: making inputs and outputs por
 shapes suggestion and the draft-export issues for the report, keeping ops undecomposed
 until verification passes (`keep_ops_until_verified`) and the `verification_failed`
 error, the `partially_verified` warning (`partial_verification_warning`), the save →
-load round trip (`check_roundtrip`), the deployment targets (`convert_targets`) and
-writing the JSON documents.
+load round trip (`check_roundtrip`), the deployment targets (`convert_targets`), the
+artifacts' profiles (`profile_artifacts`) and writing the JSON documents.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from engine import decomposition, documents, draft, portability, roundtrip, verification
+from engine import decomposition, documents, draft, portability, profiling, roundtrip, verification
+from engine.artifacts import PROGRAM
 from engine.eager import run_eager
 from engine.errors import ExportError, SerializationFailed, TargetFailed, VerificationFailed
 from engine.export_run import ExportRun
@@ -45,6 +46,7 @@ __all__ = [
     "keep_ops_until_verified",
     "partial_verification_warning",
     "plain_options",
+    "profile_artifacts",
     "run_reference",
     "suggest_dynamic_shapes",
     "unknown_output",
@@ -61,10 +63,11 @@ def convert_targets(
     pristine: torch.nn.Module,
     loaded: LoadedModel,
     names: Mapping[str, str] | None = None,
+    profiled: dict[str, profiling.Subject] | None = None,
 ) -> None:
     """The deployment targets asked for, each converted from the job's own programs and
     verified in its runtime; a failed one is a `target_failed` warning, or the job's
-    error when `targets_required`."""
+    error when `targets_required`. `profiled` gathers the succeeded ones to profile."""
     from engine import targets
     from engine.targets import failed_ops
 
@@ -90,6 +93,7 @@ def convert_targets(
                 names=names,
                 generation=loaded.generation,
                 progress=phase,
+                profiled=profiled,
             )
             if result.error is not None:  # name the op it failed on, and the user's line
                 pinned = failed_ops.pinpoint(result.error, (ep, traced), loaded.source_map)
@@ -122,6 +126,37 @@ TARGET_PHASES = {"loading": 0.7, "verifying": 0.8}
 """Where in one target's share of `converting` its phases begin: converting it takes most
 of the time, loading and verifying the rest (a rough split; the page's estimate of the time
 left reads these fractions)."""
+
+
+def profile_artifacts(
+    run: ExportRun,
+    pristine: torch.nn.Module,
+    loaded: LoadedModel,
+    profiled: dict[str, profiling.Subject],
+) -> None:
+    """Stage `profiling`: the eager model, `program.pt2` and each succeeded target loaded
+    and timed on the example inputs (`report.profile`); it never fails the job."""
+    from engine.targets import ORDER
+
+    options = run.request.options
+    with run.step("profiling", "latency, load time and memory of each artifact"):
+        subjects = [
+            profiling.eager_subject(pristine, loaded.args, loaded.kwargs),
+            profiling.program_subject(run.request.out_dir / PROGRAM, loaded.args, loaded.kwargs),
+        ]
+        for name in ORDER:
+            result = run.targets.get(name)
+            if name in profiled and result is not None and result.status == "succeeded":
+                subjects.append(profiled[name])
+        elapsed = sum(stage.duration_s for stage in run.stages)
+        run.sections["profile"] = profiling.profile(
+            subjects,
+            options.profile,
+            budget_s=profiling.budget(options, elapsed),
+            device=options.device,
+            memory_mb=options.memory_mb,
+            progress=run.emit,
+        )
 
 
 def partial_verification_warning(

@@ -44,7 +44,9 @@ ErrorCode = Literal[
 
 ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
 
-Stage = Literal["loading", "tracing", "decomposing", "verifying", "serializing", "converting"]
+Stage = Literal[
+    "loading", "tracing", "decomposing", "verifying", "serializing", "converting", "profiling"
+]
 """The stages of a running export, in order."""
 
 STAGES: tuple[str, ...] = get_args(Stage)

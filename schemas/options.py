@@ -140,6 +140,30 @@ class OnnxOptions(StrictModel):
     )
 
 
+class ProfileOptions(StrictModel):
+    """Profiles of the job's artifacts on the worker (`report.profile`)."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Profile the eager model, program.pt2 and each succeeded target: latency "
+        "at 1 thread and at the worker's threads, load time, peak memory, size. Null: on when "
+        "`targets` asks for any.",
+    )
+    runs: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=20, description="Timed runs per artifact and thread count (at most)."
+    )
+    warmup: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=2, description="Untimed runs before the timed ones."
+    )
+    budget_s: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=30,
+        description="Seconds all profiles may take together, loads included (each artifact "
+        "and thread count gets an equal share of what is left, and runs at least once); "
+        "never more than half of what `timeout_s` leaves. Profiles count against the job's "
+        "`timeout_s`.",
+    )
+
+
 class ExportOptions(StrictModel):
     """Everything a user can ask of one export."""
 
@@ -192,6 +216,11 @@ class ExportOptions(StrictModel):
         default_factory=GenerationOptions,
         description="For a `text-generation` checkpoint: the KV cache and the verification "
         "by generation. Ignored otherwise.",
+    )
+    profile: ProfileOptions = Field(
+        default_factory=ProfileOptions,
+        description="Profiles of every artifact on the worker (`report.profile`); on by "
+        "default when targets are asked for.",
     )
     requires: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(
         default_factory=list,

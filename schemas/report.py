@@ -10,6 +10,7 @@ from schemas._base import SCHEMA_VERSION, StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
 from schemas.errors import ErrorBody, SourceLocation, Stage
 from schemas.graph import Shape
+from schemas.profile import ProfileReport
 
 StageStatus = Literal["succeeded", "failed", "skipped"]
 
@@ -486,5 +487,10 @@ class ReportDocument(StrictModel):
         default=None,
         description="For a `text-generation` checkpoint exported with a KV cache: the cache "
         "and the program's generation check.",
+    )
+    profile: ProfileReport | None = Field(
+        default=None,
+        description="Option `profile`: each artifact loaded and run on the worker; null when "
+        "not profiled.",
     )
     duration_s: float | None = None

@@ -1,4 +1,5 @@
-"""`--requires` of `torchport export` and `torchport submit`: added to the options."""
+"""`--requires` (and `--profile`) of `torchport export` and `torchport submit`: added to the
+options."""
 
 from __future__ import annotations
 
@@ -68,3 +69,19 @@ def test_submit_sends_the_requires_in_its_options() -> None:
     argv = ["submit", "model.py", "--requires", "transformers>=4.40", "--requires", "timm"]
     args = build_parser(argv).parse_args(argv)
     assert submit._options(args) == {"requires": ["transformers>=4.40", "timm"]}
+
+
+@pytest.mark.parametrize(
+    ("flags", "options", "expected"),
+    [
+        (["--target", "onnx"], "{}", {"targets": ["onnx"]}),
+        (["--no-profile"], "{}", {"profile": {"enabled": False}}),
+        (["--profile"], '{"profile": {"runs": 5}}', {"profile": {"runs": 5, "enabled": True}}),
+    ],
+)
+def test_profile_flags_set_the_options_profile(
+    flags: list[str], options: str, expected: dict[str, object]
+) -> None:
+    argv = ["submit", "model.py", "--options", options, *flags]
+    args = build_parser(argv).parse_args(argv)
+    assert submit._options(args) == expected

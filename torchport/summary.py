@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from schemas import GenerationCheck, ReportDocument, SignatureDocument, VerificationReport
+from torchport.artifact_table import render_artifact_table
 from torchport.job_view import render_error
 
 
@@ -19,7 +20,8 @@ def render_summary(
     out_dir: Path | None,
     signature: SignatureDocument | None = None,
 ) -> None:
-    """Print stages, signature, ranges, verification and, on failure, the error and hint.
+    """Print stages, signature, ranges, verification, the artifacts' profiles and, on
+    failure, the error and hint.
 
     `out_dir`: where the artifacts were written (its `signature.json` is shown unless
     `signature` is given); None when they stay on the server (`torchport submit` without
@@ -84,6 +86,7 @@ def render_summary(
         if target.generation is not None:
             checked += f", {generation_text(target.generation)}"
         console.print(f"Target {name}: {target.status}{checked}")
+    render_artifact_table(report, console)
 
     for warning in report.warnings:
         console.print(f"[yellow]warning[/] \\[{warning.code}] {escape(warning.message)}")

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from engine import verification
+from engine import profiling, verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
 from engine.target_requirements import REQUIRES, missing
@@ -132,6 +132,7 @@ def run_target(
     onnx_external_threshold: int | None = None,
     generation: Generation | None = None,
     progress: Callable[[str], None] | None = None,
+    profiled: dict[str, profiling.Subject] | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -154,6 +155,8 @@ def run_target(
             and checked by generation only.
         progress: told `"loading"` once the artifact is written and `"verifying"` once
             it is loaded (the pipeline turns them into the stage's progress fraction).
+        profiled: when given, a succeeded target adds itself, loaded as it was verified
+            (`engine.profiling.target_subject`), for the profiling stage.
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -272,6 +275,17 @@ def run_target(
             notes=notes,
             details=facts,
             error=_error(name, exc),
+        )
+    if profiled is not None:
+        profiled[name] = profiling.target_subject(
+            name,
+            target,
+            path,
+            source,
+            _loading(name, settings, facts),
+            args,
+            kwargs,
+            _files(name, path),
         )
     return TargetResult(
         status="succeeded",

@@ -39,7 +39,18 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["Isa", "convert", "load", "notes", "resolve_isa"]
+__all__ = ["THREAD_SETTINGS", "Isa", "convert", "load", "notes", "resolve_isa", "runtime"]
+
+THREAD_SETTINGS: tuple[str, ...] = ()
+"""What `load(threads=...)` sets besides torch's own thread count: nothing. The kernels run
+on OpenMP threads, as many as `torch.set_num_threads` asks (compiled with
+`cpp.dynamic_threads`), the library's calls into ATen on torch's intra-op threads."""
+
+
+def runtime() -> str:
+    """The runtime `load` runs the package in, with its version."""
+    return f"torch {torch.__version__} (torch._inductor.aoti_load_package)"
+
 
 _X86 = ("x86_64", "AMD64")
 _LEVELS = {
@@ -158,6 +169,10 @@ def convert(
         **chosen.inductor_configs(),
         "aot_inductor.precompile_headers": precompile_headers,
         "compile_threads": 1,  # no pool of compile worker processes
+        # Kernels take as many OpenMP threads as the deployment asks for at run time
+        # (torch.set_num_threads, OMP_NUM_THREADS), not the job's count at compile time,
+        # which inductor otherwise writes into every `omp parallel` it emits.
+        "cpp.dynamic_threads": True,
     }
     if facts is not None:
         facts.update(
@@ -165,6 +180,7 @@ def convert(
             march=chosen.march or "native",
             vec_isa=chosen.vec_isa(),
             runs_on=chosen.runs_on,
+            threads="dynamic",
         )
     with _probes_in_process():
         written = torch._inductor.aoti_compile_and_package(
@@ -173,12 +189,21 @@ def convert(
     return Path(written)
 
 
-def load(path: Path, program: torch.export.ExportedProgram, *, isa: str = "portable") -> Any:
+def load(
+    path: Path,
+    program: torch.export.ExportedProgram,
+    *,
+    isa: str = "portable",
+    threads: int | None = None,
+) -> Any:
     """The package at `path`, loaded, as a runner of flat outputs.
 
     Loaded with the same ISA settings it was built with: loading compares the package's
-    ISA with the one inductor would pick, which otherwise probes the compiler.
+    ISA with the one inductor would pick, which otherwise probes the compiler. `threads`
+    is taken for the targets' common signature and changes nothing: the package runs on
+    torch's thread count, which the caller sets (`THREAD_SETTINGS`).
     """
+    del threads
     import torch._inductor
     from torch._inductor import config
 

@@ -24,7 +24,18 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["convert", "load", "notes"]
+__all__ = ["THREAD_SETTINGS", "convert", "load", "notes", "runtime"]
+
+THREAD_SETTINGS = ("executorch.threadpool",)
+"""What `load(threads=...)` sets: the process's one ExecuTorch thread pool (XNNPACK's)."""
+
+
+def runtime() -> str:
+    """The runtime `load` runs the program in, with its version."""
+    from importlib.metadata import version
+
+    return f"ExecuTorch {version('executorch')} runtime, XNNPACK delegate"
+
 
 _DELEGATE = "executorch_call_delegate"
 
@@ -106,14 +117,28 @@ def convert(
     return path
 
 
-def load(path: Path, program: torch.export.ExportedProgram, *, method: str = "forward") -> Any:
+def load(
+    path: Path,
+    program: torch.export.ExportedProgram,
+    *,
+    method: str = "forward",
+    threads: int | None = None,
+) -> Any:
     """The `.pte` at `path` in the ExecuTorch runtime, as a runner of flat outputs of
     its `method`.
 
     The method takes the leaves of `(args, kwargs)` in order (non-tensor ones too).
-    Outputs are copied: the runtime reuses its planned memory on the next run.
+    Outputs are copied: the runtime reuses its planned memory on the next run. `threads`
+    resizes ExecuTorch's thread pool first: one per process, shared by every loaded
+    program (None leaves it as it is: by default one thread per performance core).
     """
     from executorch.runtime import Runtime
+
+    if threads is not None:
+        from executorch.extension.pybindings import portable_lib
+
+        if portable_lib._threadpool_get_thread_count() != threads:
+            portable_lib._unsafe_reset_threadpool(threads)
 
     loaded = Runtime.get().load_program(str(path)).load_method(method)
 

@@ -22,10 +22,12 @@ import torch.utils._pytree as pytree
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
     "PROTOBUF_LIMIT",
+    "THREAD_SETTINGS",
     "companions",
     "convert",
     "load",
     "notes",
+    "runtime",
 ]
 
 EXTERNAL_DATA_THRESHOLD = 1_500_000_000
@@ -33,6 +35,16 @@ EXTERNAL_DATA_THRESHOLD = 1_500_000_000
 
 PROTOBUF_LIMIT = 2**31
 """protobuf's limit on one serialized message: a single-file model must stay under it."""
+
+THREAD_SETTINGS = ("onnxruntime.intra_op_num_threads",)
+"""What `load(threads=...)` sets."""
+
+
+def runtime() -> str:
+    """The runtime `load` runs the model in, with its version."""
+    from importlib.metadata import version
+
+    return f"ONNX Runtime {version('onnxruntime')}, CPUExecutionProvider"
 
 
 def companions(path: Path) -> list[Path]:
@@ -159,18 +171,23 @@ def load(
     program: torch.export.ExportedProgram,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    threads: int | None = None,
 ) -> Any:
     """An ONNX Runtime session (CPU provider) over `path`, as a runner of flat outputs.
 
     The model's inputs are the tensor leaves of `(args, kwargs)` in order (non-tensor
     inputs were baked in as constants), fed by name: `input_names` when given (the
     session refuses a name the model does not have), else the model's own. With
-    `output_names`, those outputs are fetched by name.
+    `output_names`, those outputs are fetched by name. `threads` sets the session's
+    intra-op thread pool (`THREAD_SETTINGS`); None leaves ONNX Runtime's default (one
+    thread per physical core).
     """
     import onnxruntime
 
     session_options = onnxruntime.SessionOptions()
     session_options.log_severity_level = 3  # errors only
+    if threads is not None:
+        session_options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(
         str(path), sess_options=session_options, providers=["CPUExecutionProvider"]
     )

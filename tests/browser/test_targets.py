@@ -113,8 +113,18 @@ def targets_report(status: str) -> dict[str, Any]:
     }
 
 
-def seed(server: Server, tmp_path: Path, *, failed: bool) -> tuple[str, dict[str, Any]]:
-    """A finished job with targets onnx, aoti (failed) and executorch; (id, report)."""
+def seed(
+    server: Server,
+    tmp_path: Path,
+    *,
+    failed: bool,
+    profile: dict[str, Any] | None = None,
+    unchecked: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """A finished job with targets onnx, aoti (failed) and executorch; (id, report).
+
+    `profile` becomes `report.profile`; `unchecked` adds report fields this version's
+    schema does not know (written as they are, as a newer worker would)."""
     model = unique_model(tmp_path)
     options: dict[str, Any] = {"device": "cuda", "targets": ["executorch", "onnx", "aoti"]}
     if failed:
@@ -161,11 +171,14 @@ def seed(server: Server, tmp_path: Path, *, failed: bool) -> tuple[str, dict[str
             ],
             "error": error if failed else None,
             "targets": targets_report(status),
+            "profile": profile,
             "environment": {"torchport": "0.0", "python": "3", "platform": "test"},
             "duration_s": 3.0,
         }
     )
-    files["report.json"] = report.model_dump_json().encode()
+    files["report.json"] = json.dumps(
+        {**report.model_dump(mode="json"), **(unchecked or {})}
+    ).encode()
     stored = []
     for name, data in files.items():
         path = tmp_path / name
@@ -207,12 +220,13 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         assert options["targets_required"] is True
         assert options["aoti"] == {"isa": "x86-64-v2"}
         assert options["device"] == "cuda"
-        # The job's progress lists the converting stage after serializing.
+        # The job's progress lists the converting stage after serializing, then profiling
+        # (on by default with targets).
         page.wait_for_selector("[data-stage=converting]")
         stages = page.locator("#stages li[data-stage]").evaluate_all(
             "items => items.map(i => i.dataset.stage)"
         )
-        assert stages[-2:] == ["serializing", "converting"]
+        assert stages[-3:] == ["serializing", "converting", "profiling"]
     finally:
         httpx.delete(f"{server.url}v1/exports/{job_id}", timeout=10)
 
@@ -230,6 +244,7 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         assert options["aoti"] == {"isa": "portable"}
         page.wait_for_selector("[data-stage=serializing]")
         assert page.locator("[data-stage=converting]").count() == 0
+        assert page.locator("[data-stage=profiling]").count() == 0
     finally:
         httpx.delete(f"{server.url}v1/exports/{other}", timeout=10)
 

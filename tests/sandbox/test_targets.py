@@ -1,8 +1,8 @@
-"""Deployment targets through the sandbox: converted in the job child, verified there, the
-artifacts taken as untrusted files. The job child never executes anything, whatever its
-targets: a job asking for `aoti` or `executorch` may ask the zygote's toolchain broker to
-run the compiler or flatc (with flags the broker allows, on its own files), and one
-asking for none of them may not even do that."""
+"""Deployment targets through the sandbox: converted in the job child, verified and
+profiled there, the artifacts taken as untrusted files. The job child never executes
+anything, whatever its targets: a job asking for `aoti` or `executorch` may ask the zygote's
+toolchain broker to run the compiler or flatc (with flags the broker allows, on its own
+files), and one asking for none of them may not even do that."""
 
 from __future__ import annotations
 
@@ -71,6 +71,12 @@ def test_every_target_converts_and_verifies_in_the_sandbox(runner: SandboxRunner
     listed = {a.name: a for a in report.artifacts}
     assert {"model.onnx", "model.aoti.pt2", "model.pte"} <= set(listed)
     assert {"landlock", "seccomp"} <= set(report.sandbox.layers if report.sandbox else [])
+    # Profiled in the job child too, each in its own runtime, at 1 thread and at the job's.
+    assert report.profile is not None
+    assert [(a.name, a.status) for a in report.profile.artifacts] == [
+        (name, "measured") for name in ("eager", "program", "onnx", "aoti", "executorch")
+    ]
+    assert not [w for w in report.warnings if w.code == "sandbox_denied"]
 
 
 def test_onnx_alone_needs_no_exec(runner: SandboxRunner) -> None:
@@ -79,6 +85,17 @@ def test_onnx_alone_needs_no_exec(runner: SandboxRunner) -> None:
     assert result.error is None, result.error
     assert result.report.targets["onnx"].status == "succeeded"
     assert "model.onnx" in result.artifacts
+    # The profiles (on by default with targets) load and time it in the job child, with
+    # ONNX Runtime's own threads, and read the CPU and the job's memory from /proc.
+    profile = result.report.profile
+    assert profile is not None and profile.machine.cpu is not None
+    assert [(a.name, a.status) for a in profile.artifacts] == [
+        ("eager", "measured"),
+        ("program", "measured"),
+        ("onnx", "measured"),
+    ]
+    assert all(a.peak_rss_mb for a in profile.artifacts)
+    assert [s.name for s in result.report.stages][-2:] == ["converting", "profiling"]
 
 
 @needs_compiler

@@ -52,11 +52,20 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail the export when a target fails (default: a warning)",
     )
+    parser.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="profile every artifact on the worker: latency at 1 thread and all threads, "
+        "load time, memory, size (default: on with targets; sets the options' "
+        "profile.enabled)",
+    )
 
 
 def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
     """Add the `--requires` of the command line to the options' `requires`, its
-    `--target`s to the options' `targets`, and `--task` as the options' `task`."""
+    `--target`s to the options' `targets`, `--task` as the options' `task` and
+    `--profile`/`--no-profile` as `profile.enabled`."""
     if args.task:
         options["task"] = args.task
     if args.target:
@@ -65,6 +74,11 @@ def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
             options["targets"] = [*existing, *(t for t in args.target if t not in existing)]
     if args.targets_required:
         options["targets_required"] = True
+    if args.profile is not None:
+        profile = options.get("profile", {})
+        # Anything but an object is left as it is, for the options' validation to refuse.
+        if isinstance(profile, dict):
+            options["profile"] = {**profile, "enabled": args.profile}
     if args.requires:
         existing = options.get("requires", [])
         # Anything but a list is left as it is, for the options' validation to refuse.

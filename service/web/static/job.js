@@ -6,7 +6,7 @@ import { renderResult } from "./result.js";
 import { renderFailure } from "./failure.js";
 import { uploads } from "./session.js";
 
-export const STAGES = ["loading", "tracing", "decomposing", "verifying", "serializing", "converting"];
+export const STAGES = ["loading", "tracing", "decomposing", "verifying", "serializing", "converting", "profiling"];
 const STAGE_HELP = {
   loading: "importing your module, building the example inputs, running it once eagerly",
   tracing: "torch.export.export: recording the tensor operations with symbolic shapes",
@@ -14,13 +14,21 @@ const STAGE_HELP = {
   verifying: "running the exported program against eager PyTorch on sampled shapes",
   serializing: "torch.export.save, then loading it back in a fresh process",
   converting: "converting to the deployment targets asked for, each verified in its own runtime",
+  profiling: "loading each artifact as a deployment would and timing it at 1 thread and at all of the worker's",
 };
 
-/** The stages a job goes through: `converting` only when it asked for deployment targets. */
+/** Whether a job went, or goes, through `stage`: always, except `converting` (only with targets) and `profiling` (option profile). */
+function passes(job, stage) {
+  if (job.error?.stage === stage || (job.stages || []).some((e) => e.stage === stage)) return true;
+  const targets = Boolean(job.options?.targets?.length);
+  if (stage === "converting") return targets;
+  if (stage === "profiling") return job.options?.profile?.enabled ?? targets;
+  return true;
+}
+
+/** The stages a job goes through: `converting` only when it asked for deployment targets, `profiling` when it profiles. */
 export function stagesOf(job) {
-  const converts = job.options?.targets?.length || job.error?.stage === "converting"
-    || (job.stages || []).some((e) => e.stage === "converting");
-  return STAGES.filter((stage) => stage !== "converting" || converts);
+  return STAGES.filter((stage) => passes(job, stage));
 }
 
 const TERMINAL = new Set(["succeeded", "failed", "canceled"]);

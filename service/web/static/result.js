@@ -1,5 +1,6 @@
 // A succeeded job: summary, downloads, graph, op histogram, signature, verification,
-// deployment targets, decomposition, and an editor to export again with dynamic shapes.
+// the artifacts' profiles, deployment targets, decomposition, and an editor to export again
+// with dynamic shapes.
 import { h, fill, card, table, badge, rich, formatShape, formatBytes, formatError, formatSeconds } from "./dom.js";
 import { artifactUrl, downloadArchive, downloadArtifact, saveJson } from "./api.js";
 import { dimensionEditor } from "./dynamic_shapes.js";
@@ -7,6 +8,7 @@ import { toModelExplorer } from "./model_explorer.js";
 import { renderGraph } from "./graph_view.js";
 import { longTable } from "./long_table.js";
 import { startAgain } from "./job.js";
+import { artifactsCard } from "./profiles.js";
 
 const ARTIFACT_HELP = {
   "program.pt2": "the exported program: torch.export.load(path)",
@@ -36,6 +38,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
     signature ? signatureCard(signature) : null,
     report?.verification ? verificationCard(report.verification) : null,
     report?.generation ? generationCard(report.generation) : null,
+    artifactsCard(report),
     targetsCard(job, report),
     report?.decomposition ? decompositionCard(report.decomposition) : null,
     signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested, report?.inputs) : null,
