@@ -28,7 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
 """The newest migration shipped (read from the scripts, not from the command)."""
-TABLES = {"api_keys", "artifacts", "blobs", "jobs", "stage_events", "worker_environments"}
+TABLES = {
+    "api_keys",
+    "artifacts",
+    "blobs",
+    "jobs",
+    "metric_totals",
+    "stage_events",
+    "worker_environments",
+    "worker_processes",
+}
 
 
 def db_upgrade(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
