@@ -59,9 +59,7 @@ from schemas.options import (
 from schemas.profile import ArtifactProfile, LatencyProfile, MachineProfile, ProfileReport
 from schemas.progress import Progress
 from schemas.report import (
-    AdapterReport,
     ArtifactInfo,
-    CheckpointReport,
     DecompositionReport,
     DraftIssue,
     DynamicShapeFix,
@@ -70,8 +68,6 @@ from schemas.report import (
     Environment,
     GenerationCheck,
     GenerationReport,
-    InputSummary,
-    ModelSummary,
     OutputCheck,
     ReportDocument,
     ReportWarning,
@@ -86,6 +82,7 @@ from schemas.report import (
     VerificationVerdict,
 )
 from schemas.signature import InputSpec, OutputSpec, PortabilityMapping, SignatureDocument
+from schemas.upload_report import AdapterReport, CheckpointReport, InputSummary, ModelSummary
 
 __all__ = [
     "ERROR_CODES",
