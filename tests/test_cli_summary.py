@@ -240,3 +240,25 @@ def test_an_unprofiled_report_prints_no_artifacts_table(tmp_path: Path) -> None:
     console = Console(record=True, width=200)
     render_summary(report, console, tmp_path)
     assert not any("p50" in line for line in console.export_text().splitlines())
+
+
+def test_the_jobs_table_names_each_jobs_targets() -> None:
+    from datetime import UTC, datetime
+
+    from schemas import JobSummary
+    from torchport.job_view import render_jobs
+
+    created = datetime(2026, 11, 27, tzinfo=UTC)
+    items = [
+        JobSummary(id="j-two", status="queued", created_at=created, targets=["onnx", "executorch"]),
+        JobSummary(id="j-none", status="succeeded", created_at=created, finished_at=created),
+    ]
+    console = Console(record=True, width=200)
+    render_jobs(items, console)
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "status" in line)
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")][-1] == "targets"
+    two = next(line for line in lines if "j-two" in line)
+    none = next(line for line in lines if "j-none" in line)
+    assert "onnx, executorch" in two
+    assert "onnx" not in none and "executorch" not in none

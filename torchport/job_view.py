@@ -102,7 +102,7 @@ def render_jobs(items: list[JobSummary], console: Console) -> None:
     table = Table(title_justify="left")
     table.add_column("job", no_wrap=True)
     table.add_column("status", no_wrap=True)
-    for name in ("error", "seconds", "created", "model"):
+    for name in ("error", "seconds", "created", "model", "targets"):
         table.add_column(name)
     for item in items:
         status = status_text(item.status) + (f" ({item.stage})" if item.stage else "")
@@ -115,5 +115,6 @@ def render_jobs(items: list[JobSummary], console: Console) -> None:
             _seconds(item.created_at, item.finished_at),
             _when(item.created_at),
             escape(item.model_name or ""),
+            ", ".join(item.targets),
         )
     console.print(table)
