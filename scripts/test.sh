@@ -42,10 +42,10 @@ fi
 PARALLEL=(tests/engine tests/test_layering.py tests/test_quality.py tests/test_contract_doc.py
   tests/test_schemas_requires.py tests/test_cli_summary.py)
 log=$(mktemp)
-python -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" >"$log" 2>&1 &
+python -m pytest -q -p no:cacheprovider --durations=25 "${PARALLEL[@]}" >"$log" 2>&1 &
 engine=$!
 rest=0
-python -m pytest -q -p no:cacheprovider tests "${PARALLEL[@]/#/--ignore=}" || rest=$?
+python -m pytest -q -p no:cacheprovider --durations=25 tests "${PARALLEL[@]/#/--ignore=}" || rest=$?
 engine_rc=0
 wait "$engine" || engine_rc=$?
 echo "--- engine and static checks (run beside the above) ---"
