@@ -2,7 +2,7 @@
 // suggested dynamic-shape fixes as copyable JSON; ExportDB cases; the draft-export issues.
 import { h, fill, card, table, copyButton, rich } from "./dom.js";
 import { sourceOf } from "./session.js";
-import { againButton, startAgain } from "./job.js";
+import { againButton, startAgain } from "./again.js";
 import { targetsCard } from "./result.js";
 import { applySuggestedFixes, dimensionEditor } from "./dynamic_shapes.js";
 import { getUploadText } from "./api.js";

@@ -1,10 +1,10 @@
 // A job: live stage progress from the event stream, elapsed time per stage, cancel; then the
 // result or the failure once it finishes.
 import { h, fill, card, badge, formatSeconds, formatTime } from "./dom.js";
-import { getJob, followJob, cancelJob, getArtifactJson, getUploadFile, ApiError } from "./api.js";
+import { getJob, followJob, cancelJob, getArtifactJson, ApiError } from "./api.js";
 import { renderResult } from "./result.js";
 import { renderFailure } from "./failure.js";
-import { uploads } from "./session.js";
+import { againButton } from "./again.js";
 
 export const STAGES = ["loading", "tracing", "decomposing", "verifying", "serializing", "converting", "profiling"];
 const STAGE_HELP = {
@@ -227,36 +227,4 @@ export function renderJob(root, id, navigate) {
     if (stop) stop();
     clearInterval(ticker);
   };
-}
-
-/**
- * Open the upload form with this job's options and its files: the ones this tab uploaded, or
- * else the job's uploads fetched back from the API (the form opens without files if that fails).
- */
-export async function startAgain(job, navigate, changes = {}) {
-  let same = uploads.files.get(job.id);
-  if (!same && job.model_name) {
-    try {
-      const fetchFile = (field) => (job[`${field}_name`] ? getUploadFile(job.id, field, job[`${field}_name`]) : null);
-      const [model, inputs, weights] = await Promise.all(["model", "inputs", "weights"].map(fetchFile));
-      same = { model, inputs, weights };
-    } catch {
-      same = null;
-    }
-  }
-  uploads.draft = {
-    ...(same || {}),
-    options: { ...job.options, ...changes.options },
-    inputs_meta: changes.inputs_meta,
-  };
-  navigate("#/");
-}
-
-export function againButton(job, navigate, changes = {}, label = "Change options and export again") {
-  const button = h("button", { type: "button", class: "secondary" }, label);
-  button.addEventListener("click", () => {
-    button.disabled = true;
-    startAgain(job, navigate, changes);
-  });
-  return button;
 }

@@ -7,7 +7,7 @@ import { dimensionEditor } from "./dynamic_shapes.js";
 import { toModelExplorer } from "./model_explorer.js";
 import { renderGraph } from "./graph_view.js";
 import { longTable } from "./long_table.js";
-import { startAgain } from "./job.js";
+import { startAgain } from "./again.js";
 import { artifactsCard } from "./profiles.js";
 
 const ARTIFACT_HELP = {
