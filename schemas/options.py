@@ -180,8 +180,8 @@ class QuantizeOptions(StrictModel):
         "symmetric weights, per-tensor activations calibrated on the verification samples); "
         "`int8_dynamic`: int8 weights, activations quantized at run time; "
         "`int8_weight_only`, `int4_weight_only`: torchao weight-only linears; `8da4w`: "
-        "torchao 8-bit dynamic activations, 4-bit grouped weights for linears (and 8-bit "
-        "embeddings). program.pt2 stays float; each target quantizes what it can take.",
+        "torchao 8-bit dynamic activations, 4-bit grouped weights for linears. "
+        "program.pt2 stays float; each target quantizes what it can take.",
     )
     group_size: Literal[32, 64, 128, 256] = Field(
         default=32, description="Weights per scale for `int4_weight_only` and `8da4w`."

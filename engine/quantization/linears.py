@@ -1,5 +1,6 @@
 """`int8_weight_only`, `int4_weight_only` and `8da4w` through torchao's `quantize_` on the
-model's linears (and, for `8da4w`, 8-bit embeddings), with the configs ExecuTorch's
+model's linears (embeddings stay float: ExecuTorch's XNNPACK lowering has no kernel for
+torchao's `dequantize_affine` outside a linear), with the configs ExecuTorch's
 `export_llm` uses for XNNPACK (`executorch.extension.llm.export.quantize`), then exported
 again with the job's dynamic shapes."""
 
@@ -55,12 +56,6 @@ def quantize(
         return not grouped or layer.in_features % group_size == 0
 
     quantize_(model, config, filter_fn=linear)
-    if scheme == "8da4w":
-        quantize_(
-            model,
-            IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)),
-            filter_fn=lambda layer, _fqn: isinstance(layer, torch.nn.Embedding),
-        )
     return torch.export.export(
         model, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
     )

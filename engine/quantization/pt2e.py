@@ -31,7 +31,7 @@ def quantize(
         traced: the program before `run_decompositions`.
         args, kwargs: its example inputs.
         dynamic: `int8_dynamic` (no calibration) rather than static `int8`.
-        calibration: the inputs the observers see for static `int8`.
+        calibration: the inputs the observers see (the first alone for `int8_dynamic`).
         dynamic_shapes: the torch spec `traced` was exported with.
     """
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -44,8 +44,10 @@ def quantize(
         get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
     )
     prepared = prepare_pt2e(traced.module(), quantizer)
+    # Dynamic activations need no calibration, but the weights' observers must still see
+    # one run (else their qparams are defaults): the example is enough.
     with torch.no_grad():
-        for sample_args, sample_kwargs in [] if dynamic else calibration:
+        for sample_args, sample_kwargs in calibration[:1] if dynamic else calibration:
             prepared(*copy.deepcopy(sample_args), **copy.deepcopy(sample_kwargs))
     converted = convert_pt2e(prepared)
     return torch.export.export(

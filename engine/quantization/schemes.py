@@ -25,7 +25,7 @@ METHODS: dict[tuple[str, str], str] = {
     ("executorch", "int4_weight_only"): "torchao quantize_ IntxWeightOnlyConfig(int4, "
     "per group) on linears",
     ("executorch", "8da4w"): "torchao quantize_ Int8DynamicActivationIntxWeightConfig(int4, "
-    "per group) on linears, IntxWeightOnlyConfig(int8) on embeddings",
+    "per group) on linears",
     ("onnx", "int8"): "onnxruntime quantize_static, QDQ, per-channel weights",
     ("onnx", "int8_dynamic"): "onnxruntime quantize_dynamic, per-channel weights",
 }
