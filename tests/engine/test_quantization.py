@@ -150,3 +150,24 @@ def test_outside_the_budget_with_targets_required_is_the_jobs_error(tmp_path: Pa
     assert report.error.details["target"] == "onnx"
     assert report.quantization is not None
     assert report.quantization.targets["onnx"].passed is False
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_dynamic"])
+def test_pt2e_programs_stay_close_to_float(scheme: str) -> None:
+    # int8_dynamic's weight observers must see a run too, else its weights are
+    # quantized with default qparams (scale 1) and the outputs are far off.
+    pytest.importorskip("executorch")
+    from engine.quantization import pt2e
+
+    model = Classifier().eval()
+    args = (torch.randn(4, 16),)
+    traced = torch.export.export(model, args)
+    program = pt2e.quantize(
+        traced, args, {}, dynamic=scheme == "int8_dynamic", calibration=[(args, {})]
+    )
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert any("quantize_per_channel" in op for op in ops)
+    with torch.no_grad():
+        expected, actual = model(*args), program.module()(*args)
+    cosine = torch.nn.functional.cosine_similarity(expected.flatten(), actual.flatten(), dim=0)
+    assert float(cosine) >= 0.99
