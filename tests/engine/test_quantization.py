@@ -171,3 +171,34 @@ def test_pt2e_programs_stay_close_to_float(scheme: str) -> None:
         expected, actual = model(*args), program.module()(*args)
     cosine = torch.nn.functional.cosine_similarity(expected.flatten(), actual.flatten(), dim=0)
     assert float(cosine) >= 0.99
+
+
+@pytest.mark.slow
+def test_int8_bert_encoder_is_twice_smaller_on_executorch_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("executorch")
+    pytest.importorskip("transformers")
+    result = export_file(
+        tmp_path,
+        "quant_bert.py",
+        {
+            "targets": ["executorch"],
+            "quantize": {"scheme": "int8"},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    namespace: dict[str, Any] = {}
+    exec((MODELS / "quant_bert.py").read_text(), namespace)
+    float_bytes = sum(p.numel() * 4 for p in namespace["model"].parameters())
+    pte = report.targets["executorch"]
+    assert pte.status == "succeeded" and pte.size is not None
+    assert pte.size * 2 <= float_bytes  # the embeddings stay float
+    assert report.quantization is not None
+    entry = report.quantization.targets["executorch"]
+    assert entry.passed is True and entry.samples == 4
+    assert entry.cosine is not None and entry.cosine >= 0.99
+    assert [o.path for o in entry.outputs] == ["['last_hidden_state']"]
