@@ -1,9 +1,9 @@
 """Option `quantize` (engine.quantization): quantized targets, their accuracy against the
 float eager model (`report.quantization`), the budget, and the schemes a target refuses.
 
-The accuracy measure is tested on plain runners (fast); the whole pipeline on a small CNN
-(`tests/models/quant_cnn.py`), whose ExecuTorch and ONNX conversions take most of a minute
-on 2 cores: `slow`.
+The accuracy measure is tested on plain runners (fast); PT2E programs, the whole pipeline
+on a small CNN (`tests/models/quant_cnn.py`) and a tiny BERT (`tests/models/quant_bert.py`),
+whose imports and conversions take 20 s to a few minutes on 2 shared cores: `slow`.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def test_the_schemes_each_target_takes() -> None:
     assert all(takes(name, "none") for name in TARGET_SCHEMES)
 
 
+@pytest.mark.slow  # over 20 s on 2 shared cores (a pipeline run; executorch imports)
 def test_a_target_that_cannot_take_the_scheme_fails_with_the_schemes_it_takes(
     tmp_path: Path,
 ) -> None:
@@ -152,6 +153,7 @@ def test_outside_the_budget_with_targets_required_is_the_jobs_error(tmp_path: Pa
     assert report.quantization.targets["onnx"].passed is False
 
 
+@pytest.mark.slow  # over 20 s on 2 shared cores (a pipeline run; executorch imports)
 @pytest.mark.parametrize("scheme", ["int8", "int8_dynamic"])
 def test_pt2e_programs_stay_close_to_float(scheme: str) -> None:
     # int8_dynamic's weight observers must see a run too, else its weights are
