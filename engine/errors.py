@@ -17,6 +17,8 @@ ExportError                      (code, message, hint, stage, location, details,
 ├── VerificationFailed           verification_failed
 ├── SerializationFailed          serialization_failed
 ├── NonPortableOp                non_portable_op
+├── TargetFailed                 target_failed
+├── QuantizationInaccurate       quantization_inaccurate
 ├── OutOfMemory                  out_of_memory        (a MemoryError in any stage)
 ├── DiskQuotaExceeded            disk_quota_exceeded  (a file over RLIMIT_FSIZE: EFBIG)
 └── InternalError                internal_error — a bug of ours
@@ -142,6 +144,12 @@ class TargetFailed(ExportError):
     """A deployment target failed and the options made targets required."""
 
     code = "target_failed"
+
+
+class QuantizationInaccurate(ExportError):
+    """A quantized target is outside the accuracy budget and targets are required."""
+
+    code = "quantization_inaccurate"
 
 
 class OutOfMemory(ExportError):

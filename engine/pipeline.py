@@ -193,6 +193,7 @@ def run_export(
         checkpoint=run.sections.get("checkpoint"),
         generation=run.sections.get("generation"),
         profile=run.sections.get("profile"),
+        quantization=run.sections.get("quantization"),
         environment=environment.describe(request.options.device, libraries=run.libraries),
         artifacts=(
             [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
@@ -373,7 +374,9 @@ def _export(
 
     profiled: dict[str, profiling.Subject] | None = {} if profiling.wanted(options) else None
     if options.targets:
-        convert_targets(run, artifacts, ep, traced.ep, pristine, loaded, names, profiled)
+        convert_targets(
+            run, artifacts, ep, traced.ep, pristine, loaded, names, profiled, traced.dynamic_shapes
+        )
     if profiled is not None:
         profile_artifacts(run, pristine, loaded, profiled)
 

@@ -23,7 +23,13 @@ from pydantic_core import PydanticSerializationError
 from engine import decomposition, documents, draft, portability, profiling, roundtrip, verification
 from engine.artifacts import PROGRAM
 from engine.eager import run_eager
-from engine.errors import ExportError, SerializationFailed, TargetFailed, VerificationFailed
+from engine.errors import (
+    ExportError,
+    QuantizationInaccurate,
+    SerializationFailed,
+    TargetFailed,
+    VerificationFailed,
+)
 from engine.export_run import ExportRun
 from engine.model import LoadedModel
 from engine.shape_examples import suggest_spec
@@ -64,15 +70,20 @@ def convert_targets(
     loaded: LoadedModel,
     names: Mapping[str, str] | None = None,
     profiled: dict[str, profiling.Subject] | None = None,
+    dynamic_shapes: Any = None,
 ) -> None:
     """The deployment targets asked for, each converted from the job's own programs and
     verified in its runtime; a failed one is a `target_failed` warning, or the job's
-    error when `targets_required`. `profiled` gathers the succeeded ones to profile."""
+    error when `targets_required`. `profiled` gathers the succeeded ones to profile.
+    With option `quantize`, each is quantized (`report.quantization`); one outside the
+    accuracy budget is a `quantization_inaccurate` warning, or the job's error when
+    `targets_required`. `dynamic_shapes`: the torch spec `traced` was exported with."""
     from engine import targets
     from engine.targets import failed_ops
 
     options = run.request.options
     wanted = [name for name in targets.ORDER if name in options.targets]
+    quantizing = quantizing_for(run, traced, pristine, loaded, dynamic_shapes)
     with run.step("converting", ", ".join(wanted)):
         for index, name in enumerate(wanted):
             run.emit(index / len(wanted), f"{name}: converting and verifying")
@@ -94,7 +105,10 @@ def convert_targets(
                 generation=loaded.generation,
                 progress=phase,
                 profiled=profiled,
+                quantizing=quantizing,
             )
+            if quantizing is not None:
+                quantization_check(run, quantizing, name, result)
             if result.error is not None:  # name the op it failed on, and the user's line
                 pinned = failed_ops.pinpoint(result.error, (ep, traced), loaded.source_map)
                 result = result.model_copy(update={"error": pinned})
@@ -120,6 +134,79 @@ def convert_targets(
             run.warnings.append(
                 ReportWarning(code="target_failed", message=message, details=details)
             )
+
+
+def quantizing_for(
+    run: ExportRun,
+    traced: torch.export.ExportedProgram,
+    pristine: torch.nn.Module,
+    loaded: LoadedModel,
+    dynamic_shapes: Any,
+) -> Any:
+    """The job's `engine.quantization.Quantizing` (calibrated on the example and the
+    verification samples), or None when option `quantize` asks for none."""
+    options = run.request.options
+    if options.quantize.scheme == "none":
+        return None
+    from engine.quantization import Quantizing
+    from engine.sampling import draw_samples
+
+    calibration = [(loaded.args, loaded.kwargs)]
+    for _, _, drawn in draw_samples(traced, loaded.args, loaded.kwargs, options.verify.samples, 0):
+        if not isinstance(drawn, str):
+            calibration.append(drawn)
+    quantizing = Quantizing(
+        options=options.quantize,
+        traced=traced,
+        pristine=pristine,
+        args=loaded.args,
+        kwargs=loaded.kwargs,
+        dynamic_shapes=dynamic_shapes,
+        calibration=calibration,
+    )
+    run.sections["quantization"] = quantizing.report
+    return quantizing
+
+
+def quantization_check(run: ExportRun, quantizing: Any, name: str, result: Any) -> None:
+    """Record a target's accuracy against float (not measured when it failed or was not
+    verified); outside the budget: `quantization_inaccurate`, a warning, or the job's
+    error when `targets_required`."""
+    from schemas.quantization import QuantizedTarget
+
+    report = quantizing.report
+    run.sections["quantization"] = report  # the report document copies it
+    entry = report.targets.get(name)
+    if entry is None or result.status != "succeeded":
+        report.targets[name] = QuantizedTarget(measured=False)
+        return
+    if entry.passed is not False:
+        return
+    budget = (
+        f"max abs {report.max_abs}" if report.max_abs is not None else f"cosine {report.min_cosine}"
+    )
+    message = (
+        f"{name}: the {report.scheme} artifact is outside the accuracy budget ({budget}) "
+        f"against the float model: cosine {entry.cosine}, max abs {entry.max_abs_error}"
+    )
+    details = {
+        "target": name,
+        "scheme": report.scheme,
+        "cosine": entry.cosine,
+        "max_abs_error": entry.max_abs_error,
+        "min_cosine": report.min_cosine,
+        "max_abs": report.max_abs,
+    }
+    if run.request.options.targets_required:
+        raise QuantizationInaccurate(
+            message,
+            hint="See report.quantization; loosen quantize.min_cosine or quantize.max_abs, or "
+            "try a milder scheme (int8_dynamic, int8_weight_only).",
+            details=details,
+        )
+    run.warnings.append(
+        ReportWarning(code="quantization_inaccurate", message=message, details=details)
+    )
 
 
 TARGET_PHASES = {"loading": 0.7, "verifying": 0.8}

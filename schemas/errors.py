@@ -39,6 +39,7 @@ ErrorCode = Literal[
     "expired",
     "storage_quota_exceeded",
     "non_portable_op",
+    "quantization_inaccurate",
 ]
 """Stable codes: add, never rename."""
 

@@ -164,6 +164,40 @@ class ProfileOptions(StrictModel):
     )
 
 
+QuantizationScheme = Literal[
+    "none", "int8", "int8_dynamic", "int8_weight_only", "int4_weight_only", "8da4w"
+]
+"""The quantization schemes option `quantize.scheme` names, as torchao and ExecuTorch name
+them (docs/targets.md, *Quantization*)."""
+
+
+class QuantizeOptions(StrictModel):
+    """Quantization of the deployment targets, and the accuracy it may cost."""
+
+    scheme: QuantizationScheme = Field(
+        default="none",
+        description="`int8`: static int8 through PT2E (XNNPACK quantizer: per-channel "
+        "symmetric weights, per-tensor activations calibrated on the verification samples); "
+        "`int8_dynamic`: int8 weights, activations quantized at run time; "
+        "`int8_weight_only`, `int4_weight_only`: torchao weight-only linears; `8da4w`: "
+        "torchao 8-bit dynamic activations, 4-bit grouped weights for linears. "
+        "program.pt2 stays float; each target quantizes what it can take.",
+    )
+    group_size: Literal[32, 64, 128, 256] = Field(
+        default=32, description="Weights per scale for `int4_weight_only` and `8da4w`."
+    )
+    min_cosine: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.99,
+        description="The accuracy budget: the lowest cosine similarity against the float "
+        "eager model any output may have on any verification sample.",
+    )
+    max_abs: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description="The accuracy budget as the largest abs error against the float eager "
+        "model instead of `min_cosine`.",
+    )
+
+
 class ExportOptions(StrictModel):
     """Everything a user can ask of one export."""
 
@@ -216,6 +250,11 @@ class ExportOptions(StrictModel):
         default_factory=GenerationOptions,
         description="For a `text-generation` checkpoint: the KV cache and the verification "
         "by generation. Ignored otherwise.",
+    )
+    quantize: QuantizeOptions = Field(
+        default_factory=QuantizeOptions,
+        description="Quantize the deployment targets (`report.quantization`: accuracy of each "
+        "against the float eager model); program.pt2 stays float.",
     )
     profile: ProfileOptions = Field(
         default_factory=ProfileOptions,

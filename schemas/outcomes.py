@@ -120,6 +120,15 @@ CATALOGUE: dict[str, Outcome] = {
             "leave `targets_required` false to keep the job when a target fails.",
         ),
         Outcome(
+            "quantization_inaccurate",
+            None,
+            "A quantized target is outside the accuracy budget against the float model.",
+            "See `report.quantization` for each output's cosine and abs error; loosen "
+            "`quantize.min_cosine` or `quantize.max_abs`, try a milder scheme "
+            "(`int8_dynamic`, `int8_weight_only`), or leave `targets_required` false to keep "
+            "the job.",
+        ),
+        Outcome(
             "timeout",
             None,
             "The job ran longer than its time limit of {timeout_s:g} s and was stopped.",

@@ -11,6 +11,7 @@ from schemas.dynamic_shapes import DynamicShapesSpec
 from schemas.errors import ErrorBody, SourceLocation, Stage
 from schemas.graph import Shape
 from schemas.profile import ProfileReport
+from schemas.quantization import QuantizationReport
 from schemas.upload_report import CheckpointReport, InputSummary, ModelSummary
 
 StageStatus = Literal["succeeded", "failed", "skipped"]
@@ -117,6 +118,11 @@ class RoundtripCheck(StrictModel):
 
     status: Literal["passed", "failed", "skipped"]
     bitwise_equal: bool | None = None
+    quantization: QuantizationReport | None = Field(
+        default=None,
+        description="Option `quantize`: the scheme, the accuracy budget and each quantized "
+        "target's accuracy against the float eager model; null when not quantized.",
+    )
     duration_s: float | None = None
     loader: str | None = Field(default=None, description="Where the load ran.")
     reason: str | None = None
@@ -149,6 +155,11 @@ class VerificationReport(StrictModel):
     )
     samples: list[SampleCheck] = Field(default_factory=list)
     roundtrip: RoundtripCheck | None = None
+    quantization: QuantizationReport | None = Field(
+        default=None,
+        description="Option `quantize`: the scheme, the accuracy budget and each quantized "
+        "target's accuracy against the float eager model; null when not quantized.",
+    )
     duration_s: float | None = None
 
     @model_validator(mode="after")
@@ -188,6 +199,11 @@ class GenerationCheck(StrictModel):
     )
     expected: list[int] = Field(default_factory=list, description="Eager transformers' tokens.")
     generated: list[int] = Field(default_factory=list, description="This artifact's tokens.")
+    quantization: QuantizationReport | None = Field(
+        default=None,
+        description="Option `quantize`: the scheme, the accuracy budget and each quantized "
+        "target's accuracy against the float eager model; null when not quantized.",
+    )
     duration_s: float | None = None
 
 
@@ -382,5 +398,10 @@ class ReportDocument(StrictModel):
         default=None,
         description="Option `profile`: each artifact loaded and run on the worker; null when "
         "not profiled.",
+    )
+    quantization: QuantizationReport | None = Field(
+        default=None,
+        description="Option `quantize`: the scheme, the accuracy budget and each quantized "
+        "target's accuracy against the float eager model; null when not quantized.",
     )
     duration_s: float | None = None

@@ -77,6 +77,11 @@ def test_submit_sends_the_requires_in_its_options() -> None:
         (["--target", "onnx"], "{}", {"targets": ["onnx"]}),
         (["--no-profile"], "{}", {"profile": {"enabled": False}}),
         (["--profile"], '{"profile": {"runs": 5}}', {"profile": {"runs": 5, "enabled": True}}),
+        (
+            ["--quantize", "8da4w"],
+            '{"quantize": {"group_size": 64}}',
+            {"quantize": {"group_size": 64, "scheme": "8da4w"}},
+        ),
     ],
 )
 def test_profile_flags_set_the_options_profile(

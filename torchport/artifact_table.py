@@ -171,7 +171,9 @@ def _accuracy(report: ReportDocument, name: str) -> tuple[str | None, bool | Non
         return "not measured", None
     outputs = [o for o in entry.get("outputs") or [] if isinstance(o, dict)]
     cosines = [o["cosine"] for o in outputs if isinstance(o.get("cosine"), int | float)]
-    cosine = entry.get("cosine", min(cosines) if cosines else None)
+    cosine = entry.get("cosine")  # null as absent, as the result page reads it
+    if cosine is None:
+        cosine = min(cosines) if cosines else None
     generation = entry.get("generation")
     if isinstance(cosine, int | float):
         top1 = entry.get("top1_agreement")

@@ -35,6 +35,7 @@ import torch.utils._pytree as pytree
 from engine import profiling, verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
+from engine.quantization import METHODS, Quantizing, accuracy, refusal, takes
 from engine.target_requirements import REQUIRES, missing
 from engine.targets import encoders, failed_ops
 from schemas import (
@@ -133,6 +134,7 @@ def run_target(
     generation: Generation | None = None,
     progress: Callable[[str], None] | None = None,
     profiled: dict[str, profiling.Subject] | None = None,
+    quantizing: Quantizing | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -157,6 +159,9 @@ def run_target(
             it is loaded (the pipeline turns them into the stage's progress fraction).
         profiled: when given, a succeeded target adds itself, loaded as it was verified
             (`engine.profiling.target_subject`), for the profiling stage.
+        quantizing: option `quantize`: the artifact is quantized, verified against the
+            float eager model within the accuracy budget, and its accuracy is added to
+            `quantizing.report` (a budget missed fails verification, not the target).
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -176,8 +181,13 @@ def run_target(
                 hint=INSTALL_HINTS[name],
                 details={"missing": absent},
             )
+        if quantizing is not None and not takes(name, quantizing.scheme):
+            message, hint, details = refusal(name, quantizing.scheme)
+            raise TargetError(message, hint=hint, details=details)
         target = _module(name)
         source = traced if name == "executorch" else program
+        if quantizing is not None and name == "executorch":
+            source = quantizing.program()
         settings = _settings(name, options, program, pristine, args, kwargs, names)
         if onnx_external_threshold is not None and name == "onnx":
             settings["external_threshold"] = onnx_external_threshold
@@ -196,6 +206,15 @@ def run_target(
             if encoder is not None:
                 settings.update(encoders.executorch_settings(encoder))
         target.convert(source, args, kwargs, path, facts=facts, **settings)
+        if quantizing is not None and name == "onnx":
+            from engine.quantization import onnx_runtime
+
+            onnx_runtime.quantize(
+                path,
+                dynamic=quantizing.scheme == "int8_dynamic",
+                input_names=facts.get("inputs") or [],
+                calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
+            )
         if progress is not None:
             progress("loading")
         flat = target.load(path, source, **_loading(name, settings, facts))
@@ -215,6 +234,22 @@ def run_target(
             notes.append(
                 "verified by generation only: model.onnx takes the KV cache as inputs and "
                 "returns it, a program of its own beside program.pt2"
+            )
+        elif quantizing is not None:
+            samples = 0 if generation is not None else options.verify.samples
+            check, measured = accuracy.measure(
+                structured_runner(flat, program),
+                program,
+                pristine,
+                args,
+                kwargs,
+                quantizing.options,
+                samples=samples,
+                names=names,
+            )
+            assert quantizing.report is not None
+            quantizing.report.targets[name] = measured.model_copy(
+                update={"method": METHODS.get((name, quantizing.scheme))}
             )
         else:
             tolerances = _tolerances(name, options)
@@ -237,11 +272,12 @@ def run_target(
                     hint=f"The {name} runtime rejected an input the program accepts; see "
                     f"targets.{name}.verification for the sample and its shapes.",
                 )
-            raise TargetError(
-                f"{path.name} does not match eager PyTorch {where}",
-                hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
-                "difference is numerical noise of this runtime's kernels.",
-            )
+            if quantizing is None:  # else outside the budget: `quantization_inaccurate`
+                raise TargetError(
+                    f"{path.name} does not match eager PyTorch {where}",
+                    hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
+                    "difference is numerical noise of this runtime's kernels.",
+                )
         if encoder is not None and encoder_flat is not None and options.verify.enabled:
             encoder_check = encoders.verify(encoder, encoder_flat, _tolerances(name, options))
             if encoder_check.passed is False:
@@ -254,7 +290,9 @@ def run_target(
                 )
         if options.verify.enabled and generation is not None:
             generated = _generation_check(flat, generation, with_past, encoder_flat)
-            if not generated.matched:
+            if quantizing is not None:
+                accuracy.record_tokens(quantizing.report, name, generated)
+            elif not generated.matched:
                 raise TargetError(
                     f"{path.name} generates other tokens than eager transformers from "
                     f"generated token {generated.first_mismatch} on",

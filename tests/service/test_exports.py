@@ -78,6 +78,8 @@ def test_submit_answers_202_with_a_queued_job(client: TestClient, state: AppStat
         ({"verify": {"samples": "many"}}, "options.verify.samples", "int_parsing"),
         ({"device": "tpu"}, "options.device", "literal_error"),
         ({"timeout_s": -1}, "options.timeout_s", "greater_than"),
+        ({"quantize": {"scheme": "int3"}}, "options.quantize.scheme", "literal_error"),
+        ({"quantize": {"min_cosine": 1.5}}, "options.quantize.min_cosine", "less_than_equal"),
     ],
 )
 def test_bad_options_name_the_field_and_store_nothing(

@@ -53,6 +53,13 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
         help="fail the export when a target fails (default: a warning)",
     )
     parser.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="quantize the targets: int8, int8_dynamic, int8_weight_only, int4_weight_only "
+        "or 8da4w (sets the options' quantize.scheme; accuracy vs float in the summary; "
+        "docs/targets.md)",
+    )
+    parser.add_argument(
         "--profile",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -65,7 +72,7 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
 def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
     """Add the `--requires` of the command line to the options' `requires`, its
     `--target`s to the options' `targets`, `--task` as the options' `task` and
-    `--profile`/`--no-profile` as `profile.enabled`."""
+    `--profile`/`--no-profile` as `profile.enabled`, `--quantize` as `quantize.scheme`."""
     if args.task:
         options["task"] = args.task
     if args.target:
@@ -79,6 +86,11 @@ def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
         # Anything but an object is left as it is, for the options' validation to refuse.
         if isinstance(profile, dict):
             options["profile"] = {**profile, "enabled": args.profile}
+    if args.quantize is not None:
+        quantize = options.get("quantize", {})
+        # Anything but an object is left as it is, for the options' validation to refuse.
+        if isinstance(quantize, dict):
+            options["quantize"] = {**quantize, "scheme": args.quantize}
     if args.requires:
         existing = options.get("requires", [])
         # Anything but a list is left as it is, for the options' validation to refuse.

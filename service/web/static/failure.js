@@ -28,6 +28,7 @@ const EXPLAIN = {
   verification_failed: "The exported program gives different results than your eager model.",
   serialization_failed: "Saving the program, or loading it back, failed.",
   non_portable_op: "The program calls an operator that a library (or your code) registers when it is imported, so a process that has only torch cannot load it.",
+  quantization_inaccurate: "A quantized deployment target is less accurate against your float model than the budget you set (quantize.min_cosine or quantize.max_abs), and `targets_required` makes that fail the job.",
   timeout: "The export took longer than its time limit.",
   out_of_memory: "The export used more memory than its limit.",
   target_failed: "The program exported, but converting it to a deployment target you asked for (ONNX, AOTInductor, ExecuTorch) or running that target against eager PyTorch failed, and `targets_required` makes that fail the job.",

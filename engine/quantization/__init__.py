@@ -1,0 +1,102 @@
+"""Quantized deployment targets (option `quantize`, `report.quantization`).
+
+- `schemes`: which target takes which scheme (torch-free);
+- `pt2e`: `int8` / `int8_dynamic` programs by PT2E with the XNNPACK quantizer;
+- `linears`: `int8_weight_only` / `int4_weight_only` / `8da4w` programs by torchao;
+- `onnx_runtime`: `int8` / `int8_dynamic` ONNX models by ONNX Runtime's quantizer;
+- `accuracy`: a quantized artifact against the float eager model, within the budget or not.
+
+`Quantizing` is what the pipeline hands each target: the options, the float module and
+program, and the calibration inputs; it makes the quantized program once, when the first
+target that needs one asks. Everything runs in the job's own (sandboxed) process.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.quantization import accuracy
+from engine.quantization.schemes import METHODS, TARGET_SCHEMES, refusal, takes
+from schemas.options import QuantizeOptions
+from schemas.quantization import QuantizationReport
+
+__all__ = ["METHODS", "TARGET_SCHEMES", "Quantizing", "accuracy", "refusal", "takes"]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+PT2E_SCHEMES = ("int8", "int8_dynamic")
+"""The schemes quantized on the traced program by PT2E; the others quantize the module's
+linears with torchao and export it again."""
+
+
+@dataclass
+class Quantizing:
+    """One job's quantization, shared by its targets.
+
+    Attributes:
+        options: option `quantize` (its scheme is not `none`).
+        traced: the float program before `run_decompositions`.
+        pristine: the float eager module, never run itself (copied).
+        args, kwargs: the example inputs.
+        dynamic_shapes: the torch spec the program was exported with.
+        calibration: the inputs static `int8` is calibrated on (the example first).
+        report: `report.quantization`, filled in by each target.
+    """
+
+    options: QuantizeOptions
+    traced: torch.export.ExportedProgram
+    pristine: torch.nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    dynamic_shapes: Any = None
+    calibration: list[Inputs] = field(default_factory=list)
+    report: QuantizationReport | None = None
+    _program: torch.export.ExportedProgram | None = None
+
+    def __post_init__(self) -> None:
+        grouped = self.options.scheme in ("int4_weight_only", "8da4w")
+        self.report = QuantizationReport(
+            scheme=self.options.scheme,
+            budget="max_abs" if self.options.max_abs is not None else "min_cosine",
+            min_cosine=None if self.options.max_abs is not None else self.options.min_cosine,
+            max_abs=self.options.max_abs,
+            group_size=self.options.group_size if grouped else None,
+            calibration_samples=len(self.calibration) if self.options.scheme == "int8" else None,
+        )
+
+    @property
+    def scheme(self) -> str:
+        """The scheme asked for."""
+        return self.options.scheme
+
+    def program(self) -> torch.export.ExportedProgram:
+        """The quantized program (made on the first call), not decomposed: what ExecuTorch
+        lowers with XNNPACK."""
+        if self._program is None:
+            if self.scheme in PT2E_SCHEMES:
+                from engine.quantization import pt2e
+
+                self._program = pt2e.quantize(
+                    self.traced,
+                    self.args,
+                    self.kwargs,
+                    dynamic=self.scheme == "int8_dynamic",
+                    calibration=self.calibration,
+                    dynamic_shapes=self.dynamic_shapes,
+                )
+            else:
+                from engine.quantization import linears
+
+                self._program = linears.quantize(
+                    copy.deepcopy(self.pristine),
+                    self.args,
+                    self.kwargs,
+                    scheme=self.scheme,
+                    group_size=self.options.group_size,
+                    dynamic_shapes=self.dynamic_shapes,
+                )
+        return self._program

@@ -1,0 +1,61 @@
+"""`int8_weight_only`, `int4_weight_only` and `8da4w` through torchao's `quantize_` on the
+model's linears (embeddings stay float: ExecuTorch's XNNPACK lowering has no kernel for
+torchao's `dequantize_affine` outside a linear), with the configs ExecuTorch's
+`export_llm` uses for XNNPACK (`executorch.extension.llm.export.quantize`), then exported
+again with the job's dynamic shapes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+__all__ = ["quantize"]
+
+
+def quantize(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    scheme: str,
+    group_size: int,
+    dynamic_shapes: Any = None,
+) -> torch.export.ExportedProgram:
+    """A copy of `module` with its linears quantized by `scheme`, exported.
+
+    Linears whose input features are not a multiple of `group_size` stay float for the
+    grouped schemes (`int4_weight_only`, `8da4w`), as `export_llm` skips them.
+    """
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import (
+        Int8DynamicActivationIntxWeightConfig,
+        IntxWeightOnlyConfig,
+        quantize_,
+    )
+
+    model = copy.deepcopy(module)
+    int4: torch.dtype = getattr(torch, "int4")  # noqa: B009 (torch's stubs lack it)
+    grouped = scheme in ("int4_weight_only", "8da4w")
+    config: Any
+    if scheme == "int8_weight_only":
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
+    elif scheme == "int4_weight_only":
+        config = IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(group_size))
+    elif scheme == "8da4w":
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=int4, weight_granularity=PerGroup(group_size)
+        )
+    else:
+        raise ValueError(f"not a torchao linear scheme: {scheme}")
+
+    def linear(layer: torch.nn.Module, _fqn: str) -> bool:
+        if not isinstance(layer, torch.nn.Linear):
+            return False
+        return not grouped or layer.in_features % group_size == 0
+
+    quantize_(model, config, filter_fn=linear)
+    return torch.export.export(
+        model, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
+    )

@@ -1,0 +1,86 @@
+"""`int8` and `int8_dynamic` for the ONNX target: ONNX Runtime's own quantization tools on
+the float `model.onnx`, as optimum's ONNX Runtime quantizer does (`quantize_static` with a
+calibration reader writes QDQ pairs; `quantize_dynamic` int8 weights and activations
+quantized at run time). Weights per channel, symmetric."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["quantize"]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def quantize(
+    path: Path,
+    *,
+    dynamic: bool,
+    input_names: Sequence[str],
+    calibration: Sequence[Inputs],
+) -> Path:
+    """Quantize the float model at `path` in place.
+
+    Args:
+        path: the float `model.onnx`.
+        dynamic: `int8_dynamic` rather than static `int8`.
+        input_names: the model's inputs, one per tensor leaf of the inputs.
+        calibration: the inputs static `int8` is calibrated on.
+    """
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    float_path = path.with_name(path.stem + ".float.onnx")
+    path.replace(float_path)
+    external = path.with_name(path.name + ".data").exists()
+    try:
+        if dynamic:
+            quantize_dynamic(
+                float_path,
+                path,
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                use_external_data_format=external,
+            )
+            return path
+        feeds = [_feed(input_names, each) for each in calibration]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.left = iter(feeds)
+
+            def get_next(self) -> dict[str, Any] | None:
+                return next(self.left, None)
+
+        quantize_static(
+            float_path,
+            path,
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            use_external_data_format=external,
+        )
+        return path
+    finally:
+        float_path.unlink(missing_ok=True)
+
+
+def _feed(names: Sequence[str], inputs: Inputs) -> dict[str, Any]:
+    leaves = [
+        leaf.detach().cpu().numpy()
+        for leaf in pytree.tree_leaves((tuple(inputs[0]), dict(inputs[1])))
+        if isinstance(leaf, torch.Tensor)
+    ]
+    return dict(zip(names, leaves, strict=False))

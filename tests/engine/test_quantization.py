@@ -1,0 +1,206 @@
+"""Option `quantize` (engine.quantization): quantized targets, their accuracy against the
+float eager model (`report.quantization`), the budget, and the schemes a target refuses.
+
+The accuracy measure is tested on plain runners (fast); PT2E programs, the whole pipeline
+on a small CNN (`tests/models/quant_cnn.py`) and a tiny BERT (`tests/models/quant_bert.py`),
+whose imports and conversions take 20 s to a few minutes on 2 shared cores: `slow`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.quantization import TARGET_SCHEMES, accuracy, takes
+from schemas.options import QuantizeOptions
+from tests.engine.model_files import MODELS, export_file
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+def _measure(runner: Any, options: QuantizeOptions) -> Any:
+    model = Classifier().eval()
+    args = (torch.randn(4, 16),)
+    program = torch.export.export(model, args)
+    return accuracy.measure(runner, program, model, args, {}, options, samples=0)
+
+
+def test_an_artifact_equal_to_float_has_cosine_one_and_full_top1_agreement() -> None:
+    model = Classifier().eval()
+    check, entry = _measure(lambda args, kwargs: model(*args), QuantizeOptions())
+    assert check.passed is True
+    assert entry.measured and entry.passed is True
+    assert entry.cosine == pytest.approx(1.0)
+    assert entry.max_abs_error == 0.0
+    assert entry.top1_agreement == 1.0  # a 2-D output is classification-shaped
+    assert [o.path for o in entry.outputs] == [""]
+    assert entry.samples == 1
+
+
+def test_an_artifact_outside_the_cosine_budget_fails_its_verification() -> None:
+    model = Classifier().eval()
+
+    def noisy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        out = model(*args)
+        return out + torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+
+    check, entry = _measure(noisy, QuantizeOptions(min_cosine=0.99))
+    assert check.passed is False
+    assert check.samples[0].outputs[0].passed is False
+    assert entry.passed is False
+    assert entry.cosine is not None and entry.cosine < 0.99
+    assert entry.outputs[0].mean_abs is not None and entry.outputs[0].mean_abs > 0
+    # The same artifact passes a budget in abs error that it is within.
+    assert entry.max_abs_error is not None
+    _, loose = _measure(noisy, QuantizeOptions(max_abs=entry.max_abs_error + 1))
+    assert loose.passed is True
+
+
+def test_the_schemes_each_target_takes() -> None:
+    assert takes("executorch", "8da4w") and takes("onnx", "int8_dynamic")
+    assert not takes("onnx", "8da4w") and not takes("aoti", "int8")
+    assert all(takes(name, "none") for name in TARGET_SCHEMES)
+
+
+@pytest.mark.slow  # over 20 s on 2 shared cores (a pipeline run; executorch imports)
+def test_a_target_that_cannot_take_the_scheme_fails_with_the_schemes_it_takes(
+    tmp_path: Path,
+) -> None:
+    result = export_file(
+        tmp_path,
+        "quant_cnn.py",
+        {"targets": ["aoti"], "quantize": {"scheme": "int8"}, "profile": {"enabled": False}},
+    )
+    report = result.report
+    assert report.status == "succeeded"  # program.pt2 is kept
+    error = report.targets["aoti"].error
+    assert error is not None and error.code == "target_failed"
+    assert error.details["reason"] == "scheme_unsupported"
+    assert error.details["schemes"] == ["none", *TARGET_SCHEMES["aoti"]]
+    assert [w.code for w in report.warnings] == ["target_failed"]
+    assert report.quantization is not None
+    assert report.quantization.targets["aoti"].measured is False
+
+
+@pytest.mark.slow
+def test_int8_cnn_is_three_times_smaller_on_executorch_within_the_budget(tmp_path: Path) -> None:
+    pytest.importorskip("executorch")
+    pytest.importorskip("onnxruntime")
+    result = export_file(
+        tmp_path,
+        "quant_cnn.py",
+        {
+            "targets": ["onnx", "executorch"],
+            "quantize": {"scheme": "int8"},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    quantization = report.quantization
+    assert quantization is not None and quantization.scheme == "int8"
+    assert quantization.calibration_samples == 4  # the example and 3 verification samples
+    namespace: dict[str, Any] = {}
+    exec((MODELS / "quant_cnn.py").read_text(), namespace)
+    float_bytes = sum(p.numel() * 4 for p in namespace["model"].parameters())
+    pte = report.targets["executorch"]
+    assert pte.status == "succeeded" and pte.size is not None
+    assert pte.size * 3 <= float_bytes
+    onnx = report.targets["onnx"]
+    assert onnx.status == "succeeded" and onnx.size is not None
+    assert onnx.size * 3 <= float_bytes
+    for name in ("executorch", "onnx"):
+        entry = quantization.targets[name]
+        assert entry.measured and entry.passed is True, name
+        assert entry.cosine is not None and entry.cosine >= 0.99, name
+        assert entry.samples == 4
+        verification = report.targets[name].verification
+        assert verification is not None and verification.verdict == "verified"
+    assert not [w for w in report.warnings if w.code == "quantization_inaccurate"]
+
+
+@pytest.mark.slow
+def test_outside_the_budget_with_targets_required_is_the_jobs_error(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    result = export_file(
+        tmp_path,
+        "quant_cnn.py",
+        {
+            "targets": ["onnx"],
+            "targets_required": True,
+            "quantize": {"scheme": "int8_dynamic", "min_cosine": 1.0},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False, "samples": 0},
+        },
+    )
+    report = result.report
+    assert report.status == "failed"
+    assert report.error is not None and report.error.code == "quantization_inaccurate"
+    assert report.error.details["target"] == "onnx"
+    assert report.quantization is not None
+    assert report.quantization.targets["onnx"].passed is False
+
+
+@pytest.mark.slow  # over 20 s on 2 shared cores (a pipeline run; executorch imports)
+@pytest.mark.parametrize("scheme", ["int8", "int8_dynamic"])
+def test_pt2e_programs_stay_close_to_float(scheme: str) -> None:
+    # int8_dynamic's weight observers must see a run too, else its weights are
+    # quantized with default qparams (scale 1) and the outputs are far off.
+    pytest.importorskip("executorch")
+    from engine.quantization import pt2e
+
+    model = Classifier().eval()
+    args = (torch.randn(4, 16),)
+    traced = torch.export.export(model, args)
+    program = pt2e.quantize(
+        traced, args, {}, dynamic=scheme == "int8_dynamic", calibration=[(args, {})]
+    )
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert any("quantize_per_channel" in op for op in ops)
+    with torch.no_grad():
+        expected, actual = model(*args), program.module()(*args)
+    cosine = torch.nn.functional.cosine_similarity(expected.flatten(), actual.flatten(), dim=0)
+    assert float(cosine) >= 0.99
+
+
+@pytest.mark.slow
+def test_int8_bert_encoder_is_twice_smaller_on_executorch_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("executorch")
+    pytest.importorskip("transformers")
+    result = export_file(
+        tmp_path,
+        "quant_bert.py",
+        {
+            "targets": ["executorch"],
+            "quantize": {"scheme": "int8"},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    namespace: dict[str, Any] = {}
+    exec((MODELS / "quant_bert.py").read_text(), namespace)
+    float_bytes = sum(p.numel() * 4 for p in namespace["model"].parameters())
+    pte = report.targets["executorch"]
+    assert pte.status == "succeeded" and pte.size is not None
+    assert pte.size * 2 <= float_bytes  # the embeddings stay float
+    assert report.quantization is not None
+    entry = report.quantization.targets["executorch"]
+    assert entry.passed is True and entry.samples == 4
+    assert entry.cosine is not None and entry.cosine >= 0.99
+    assert [o.path for o in entry.outputs] == ["['last_hidden_state']"]
