@@ -232,10 +232,14 @@ def _matched(check: dict[str, Any] | None) -> str:
 
 
 def _cell(result: dict[str, Any]) -> str:
+    status = result["status"]
+    if status == "failed" and result.get("error"):
+        status = f"failed ({result['error'].get('code')})"
+        print(f"  {result['error'].get('message')}", file=sys.stderr)
     if result.get("generation"):
-        return f"{result['status']}, {_matched(result['generation'])}"
+        return f"{status}, {_matched(result['generation'])}"
     verdict = (result.get("verification") or {}).get("verdict")
-    return f"{result['status']}, {verdict}" if verdict else result["status"]
+    return f"{status}, {verdict}" if verdict else status
 
 
 def checkpoints(targets: list[str], timeout: float, only: list[str] | None = None) -> None:
