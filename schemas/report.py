@@ -23,6 +23,11 @@ class StageRecord(StrictModel):
     status: StageStatus
     duration_s: float
     message: str | None = None
+    peak_rss_mb: float | None = Field(
+        default=None,
+        description="The most resident memory the export's process held during the stage, "
+        "in MB (null where /proc is unreadable).",
+    )
 
 
 class TraceAttempt(StrictModel):
