@@ -20,7 +20,16 @@ import torch
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from engine import decomposition, documents, draft, portability, profiling, roundtrip, verification
+from engine import (
+    decomposition,
+    documents,
+    draft,
+    module_copies,
+    portability,
+    profiling,
+    roundtrip,
+    verification,
+)
 from engine.artifacts import PROGRAM
 from engine.eager import run_eager
 from engine.errors import ExportError, SerializationFailed, TargetFailed, VerificationFailed
@@ -317,11 +326,19 @@ def check_roundtrip(
     loaded: LoadedModel,
     program: Path,
     runner: RoundtripRunner,
+    expected: list[Any] | None = None,
 ) -> None:
+    """The saved program loaded and run in a fresh process, compared bit for bit with
+    the program's outputs here: `expected[0]`, those verification computed on the example,
+    or, when not given, a run of `ep` now."""
     payload = run.request.work_dir / "roundtrip-payload.pt"
-    with torch.no_grad():
-        expected = ep.module()(*copy.deepcopy(loaded.args), **copy.deepcopy(loaded.kwargs))
-    roundtrip.write_payload(payload, loaded.args, loaded.kwargs, expected)
+    if expected:
+        outputs = expected[0]
+    else:
+        with torch.no_grad():
+            module = module_copies.sharing_weights(ep.module())  # ep's buffers stay as saved
+            outputs = module(*copy.deepcopy(loaded.args), **copy.deepcopy(loaded.kwargs))
+    roundtrip.write_payload(payload, loaded.args, loaded.kwargs, outputs)
     check = runner(program, payload)
     verification_report = run.sections.get("verification")
     if verification_report is not None:

@@ -10,6 +10,10 @@ round trip is `engine.roundtrip`'s job.
 
 When the model was wrapped for portability (`engine.portability`), pass the wrapper
 and its plain inputs: eager and exported then take and return the same structures.
+
+Each run gets its own copy of the module (a run may change buffers), sharing the weights
+(`engine.module_copies`): a weight copy per run would double a big model's memory twice
+per sample. A sample whose eager run wrote the weights fails (the reference is gone).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from engine import module_copies
 from engine.roundtrip import flatten_with_paths
 from engine.sampling import draw_samples
 from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 
-__all__ = ["EXPORTED_RAISED", "Runner", "default_tolerance", "verify"]
+__all__ = ["EXPORTED_RAISED", "WEIGHTS_CHANGED", "Runner", "default_tolerance", "verify"]
 
 Runner = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 """Runs something other than `ep.module()` on `(args, kwargs)` (a deployment target's
@@ -61,13 +66,14 @@ def verify(
     seed: int = 0,
     runner: Runner | None = None,
     names: Mapping[str, str] | None = None,
+    example_outputs: list[Any] | None = None,
 ) -> VerificationReport:
     """Compare `ep` with eager `pristine` on the example and on sampled inputs.
 
     Args:
         ep: the program to check (decomposed or not).
         pristine: the module `ep` was exported from, in its state before any run;
-            it is deep-copied for every run, never run itself.
+            copied for every run (sharing its weights), never run itself.
         args, kwargs: the example inputs `ep` was exported with.
         opts: tolerances and the number of extra samples.
         seed: makes the sampled sizes and values reproducible.
@@ -75,6 +81,8 @@ def verify(
             `ep`'s ranges); only outputs are compared then: a target's runtime keeps
             buffers and in-place input changes to itself.
         names: the user's dim names for torch's symbols: a sample's `symbols` use them.
+        example_outputs: when given, the program's outputs on the example are appended
+            to it (the round trip's expected outputs: the program is not run again).
 
     Returns:
         The report; `passed` is true when every check that was not skipped passed, and
@@ -86,7 +94,8 @@ def verify(
     # ep.module() shares its state tensors with ep: every run gets a deep copy, so a
     # buffer mutation never leaks into the next run, nor into the program later saved.
     template = ep.module() if runner is None else None
-    samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts, runner)]
+    copies = _Copies(pristine, template, share=not module_copies.mutates_parameters(ep))
+    samples = [_run_sample("example", {}, copies, ep, args, kwargs, opts, runner, example_outputs)]
     if opts.samples:
         for label, symbols, inputs in draw_samples(ep, args, kwargs, opts.samples, seed, names):
             if isinstance(inputs, str):
@@ -96,9 +105,7 @@ def verify(
                 continue
             sample_args, sample_kwargs = inputs
             samples.append(
-                _run_sample(
-                    label, symbols, ep, template, pristine, sample_args, sample_kwargs, opts, runner
-                )
+                _run_sample(label, symbols, copies, ep, sample_args, sample_kwargs, opts, runner)
             )
     passed = all(s.status == "passed" for s in samples if s.status != "skipped")
     return VerificationReport(
@@ -112,20 +119,46 @@ def verify(
 # --- one run ---------------------------------------------------------------------------
 
 
+WEIGHTS_CHANGED = "the eager run changed the model's weights in place: "
+"""How a sample's reason starts when the eager forward wrote its own parameters."""
+
+
+class _Copies:
+    """A fresh eager model and exported module for each run, sharing the weights unless
+    the program itself writes parameters."""
+
+    def __init__(
+        self, pristine: torch.nn.Module, template: torch.nn.Module | None, *, share: bool
+    ) -> None:
+        self.pristine, self.template, self.share = pristine, template, share
+        self.weights = module_copies.WeightVersions(pristine)
+
+    def eager(self) -> torch.nn.Module:
+        if self.share:
+            return module_copies.sharing_weights(self.pristine)
+        return copy.deepcopy(self.pristine)
+
+    def exported(self) -> torch.nn.Module:
+        assert self.template is not None
+        if self.share:
+            return module_copies.sharing_weights(self.template)
+        return copy.deepcopy(self.template)
+
+
 def _run_sample(
     label: str,
     symbols: dict[str, int],
+    copies: _Copies,
     ep: torch.export.ExportedProgram,
-    template: torch.nn.Module | None,
-    pristine: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     opts: VerifyOptions,
     runner: Runner | None = None,
+    example_outputs: list[Any] | None = None,
 ) -> SampleCheck:
     shapes = _input_shapes(args, kwargs)
     common: dict[str, Any] = {"label": label, "symbols": symbols, "input_shapes": shapes}
-    eager = copy.deepcopy(pristine)
+    eager = copies.eager()
     eager_before = _buffers(eager)
     try:
         with torch.no_grad():
@@ -137,11 +170,15 @@ def _run_sample(
         # The model itself rejects this input (data-dependent indexing and the like):
         # nothing to compare, and nothing wrong with the program.
         return SampleCheck(status="skipped", reason=f"eager run: {_describe(exc)}", **common)
+    changed = copies.weights.changed()
+    if changed:
+        return SampleCheck(
+            status="failed", reason=WEIGHTS_CHANGED + ", ".join(changed[:5]), **common
+        )
 
     if runner is not None:
         return _run_target_sample(runner, expected, args, kwargs, opts, common)
-    assert template is not None
-    exported = copy.deepcopy(template)
+    exported = copies.exported()
     exported_before = _buffers(exported)
     try:
         with torch.no_grad():
@@ -158,6 +195,8 @@ def _run_sample(
             )
         return SampleCheck(status="failed", reason=f"{EXPORTED_RAISED}{_describe(exc)}", **common)
 
+    if example_outputs is not None:
+        example_outputs.append(actual)
     outputs, reason = _compare_outputs(expected, actual, opts)
     buffers = _compare_buffers(ep, eager, eager_before, exported, exported_before, opts)
     buffers += _compare_input_mutations(
