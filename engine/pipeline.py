@@ -307,6 +307,7 @@ def _export(
                 _sampled(loaded, options),
                 names=names,
                 example_outputs=example_outputs,
+                memory_mb=options.memory_mb,
             )
             undecomposed_passed: bool | None = None
             if checked.passed is False:

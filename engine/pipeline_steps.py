@@ -172,7 +172,8 @@ def partial_verification_warning(
     report: VerificationReport, target: str | None = None
 ) -> ReportWarning | None:
     """`partially_verified` when no check failed but some samples were skipped (the eager
-    model or the program's guards rejected their inputs): the result is not *verified*.
+    model or the program's guards rejected their inputs, or a sample was over a bound:
+    `verify.max_sample_cost`, the job's `memory_mb`): the result is not *verified*.
     None otherwise. `target` names a deployment target's verification."""
     if report.verdict != "partially_verified":
         return None
@@ -180,7 +181,10 @@ def partial_verification_warning(
     total = len(report.samples)
     where = f"target {target}" if target is not None else "the exported program"
     details: dict[str, Any] = {
-        "samples": [{"label": s.label, "reason": s.reason, "symbols": s.symbols} for s in skipped],
+        "samples": [
+            {"label": s.label, "reason": s.reason, "symbols": s.symbols, "bound": s.bound}
+            for s in skipped
+        ],
         "checked": report.checked,
         "skipped": len(skipped),
         "total": total,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
 
-from engine import module_copies
+from engine import module_copies, resident_memory
 from engine.roundtrip import flatten_with_paths
 from engine.sampling import draw_samples
 from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
@@ -44,6 +44,10 @@ _EPS = 1e-7
 """The denominator guard of the relative error, as in torch.onnx's verification report."""
 
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
+
+MEMORY_SHARE = 0.9
+"""The share of the job's `memory_mb` a sample's estimated peak may reach; the rest is
+left for what the estimate misses."""
 
 
 def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -67,6 +71,7 @@ def verify(
     runner: Runner | None = None,
     names: Mapping[str, str] | None = None,
     example_outputs: list[Any] | None = None,
+    memory_mb: int | None = None,
 ) -> VerificationReport:
     """Compare `ep` with eager `pristine` on the example and on sampled inputs.
 
@@ -83,6 +88,11 @@ def verify(
         names: the user's dim names for torch's symbols: a sample's `symbols` use them.
         example_outputs: when given, the program's outputs on the example are appended
             to it (the round trip's expected outputs: the program is not run again).
+        memory_mb: the job's memory limit: a sample whose estimated peak (the resident
+            memory now, plus the memory the example's run added times the sample's
+            `cost`, its input elements over the example's) exceeds `MEMORY_SHARE` of it
+            is skipped (`bound` `memory_mb`), as is one costing more than
+            `opts.max_sample_cost` (`bound` `max_sample_cost`).
 
     Returns:
         The report; `passed` is true when every check that was not skipped passed, and
@@ -95,7 +105,10 @@ def verify(
     # buffer mutation never leaks into the next run, nor into the program later saved.
     template = ep.module() if runner is None else None
     copies = _Copies(pristine, template, share=not module_copies.mutates_parameters(ep))
+    watch = resident_memory.PeakWatch().start()
     samples = [_run_sample("example", {}, copies, ep, args, kwargs, opts, runner, example_outputs)]
+    example_added = watch.stop()[1]
+    example_size = max(1, _elements(args, kwargs))
     if opts.samples:
         for label, symbols, inputs in draw_samples(ep, args, kwargs, opts.samples, seed, names):
             if isinstance(inputs, str):
@@ -104,6 +117,22 @@ def verify(
                 )
                 continue
             sample_args, sample_kwargs = inputs
+            cost = round(_elements(sample_args, sample_kwargs) / example_size, 2)
+            bounded = _over_bound(cost, opts, example_added, memory_mb)
+            if bounded is not None:
+                bound, reason = bounded
+                samples.append(
+                    SampleCheck(
+                        label=label,
+                        symbols=symbols,
+                        input_shapes=_input_shapes(sample_args, sample_kwargs),
+                        status="skipped",
+                        reason=reason,
+                        cost=cost,
+                        bound=bound,
+                    )
+                )
+                continue
             samples.append(
                 _run_sample(label, symbols, copies, ep, sample_args, sample_kwargs, opts, runner)
             )
@@ -357,7 +386,35 @@ def _errors(e: torch.Tensor, a: torch.Tensor) -> tuple[float | None, float | Non
     return float(diff.max()), float(rel.max())
 
 
+def _over_bound(
+    cost: float, opts: VerifyOptions, example_added_mb: float | None, memory_mb: int | None
+) -> tuple[Literal["max_sample_cost", "memory_mb"], str] | None:
+    """Which bound a sample of `cost` crosses, and why; None when it may run."""
+    if opts.max_sample_cost is not None and cost > opts.max_sample_cost:
+        return "max_sample_cost", (
+            f"over verify.max_sample_cost: {cost:g} times the example's input elements "
+            f"(at most {opts.max_sample_cost:g})"
+        )
+    now = resident_memory.resident()
+    if memory_mb is None or example_added_mb is None or now is None or cost <= 1:
+        return None
+    estimate = now / 2**20 + cost * example_added_mb
+    if estimate <= MEMORY_SHARE * memory_mb:
+        return None
+    return "memory_mb", (
+        f"over the job's memory: estimated peak {estimate:.0f} MB ({cost:g} times the "
+        f"example's inputs, whose run added {example_added_mb:.0f} MB) of memory_mb "
+        f"{memory_mb}"
+    )
+
+
 # --- small pieces ----------------------------------------------------------------------
+
+
+def _elements(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return sum(
+        leaf.numel() for _, leaf in _input_leaves(args, kwargs) if isinstance(leaf, torch.Tensor)
+    )
 
 
 def _input_shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, list[int | str]]:

@@ -115,6 +115,12 @@ class SampleCheck(StrictModel):
     reason: str | None = None
     outputs: list[OutputCheck] = Field(default_factory=list)
     buffers: list[OutputCheck] = Field(default_factory=list)
+    cost: float | None = Field(
+        default=None, description="The sample's input elements over the example's."
+    )
+    bound: Literal["max_sample_cost", "memory_mb"] | None = Field(
+        default=None, description="The bound that skipped the sample, if one did."
+    )
 
 
 class RoundtripCheck(StrictModel):
