@@ -74,7 +74,7 @@ class PeakWatch:
     high-water mark could be reset at the start, sampled by a thread otherwise.
 
     Watches nest (a stage's around each artifact's profile): one that resets the mark
-    first folds the mark so far into the watches already open."""
+    first folds the mark so far into the open watches that had reset it too."""
 
     _open: list[PeakWatch] = []
 
@@ -96,7 +96,8 @@ class PeakWatch:
         self._largest = self._before
         so_far = high_water()
         for outer in PeakWatch._open:
-            outer._largest = max(outer._largest, so_far or 0)
+            if outer.reset:  # a sampling one's mark is the process's record, not its own
+                outer._largest = max(outer._largest, so_far or 0)
         self.reset = reset_peak()
         self._mark = high_water()
         PeakWatch._open.append(self)

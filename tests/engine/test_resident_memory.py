@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from engine import resident_memory
+from engine.export_run import ExportRun
+from engine.model import Upload
+from engine.pipeline import ExportRequest
 from engine.resident_memory import PeakWatch
+from schemas import ExportOptions
 
 MB = 2**20
 
@@ -57,5 +62,39 @@ def test_an_inner_watch_resetting_the_mark_does_not_lose_the_outer_peak() -> Non
     assert outer_added is not None and outer_added >= 240
 
 
+def test_an_inner_reset_does_not_hand_a_sampling_watch_the_process_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not resident_memory.reset_peak():
+        pytest.skip("this process may not reset its high-water mark")
+    _allocate(300)  # the process's record
+    monkeypatch.setattr(resident_memory, "reset_peak", lambda: False)
+    outer = PeakWatch().start()  # sampling, as in a sandbox that denies the reset
+    monkeypatch.undo()
+    inner = PeakWatch().start()
+    assert inner.reset
+    _allocate(20, hold_s=0.1)
+    inner.stop()
+    _, outer_added = outer.stop()
+    assert outer_added is not None and outer_added < 150
+
+
 def test_free_memory_is_given_back_where_glibc_is() -> None:
     assert resident_memory.release_free_memory() is True
+
+
+def test_each_stage_records_the_peak_of_what_it_freed(tmp_path: Path) -> None:
+    request = ExportRequest(
+        upload=Upload(model=tmp_path / "model.py"),
+        options=ExportOptions(),
+        out_dir=tmp_path / "out",
+        work_dir=tmp_path / "work",
+    )
+    run = ExportRun(request, None)
+    before = resident_memory.resident()
+    with run.step("loading", "allocating"):
+        _allocate(150)
+    [stage] = run.stages
+    assert stage.name == "loading" and stage.status == "succeeded"
+    assert stage.peak_rss_mb is not None and before is not None
+    assert stage.peak_rss_mb >= before / MB + 140  # the allocation on top of the rest
