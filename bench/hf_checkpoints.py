@@ -3,7 +3,7 @@ runs it) against the same work done by hand with plain torch and transformers, i
 fresh process each, on checkpoints written here with random weights.
 
     python bench/hf_checkpoints.py checkpoints [--targets onnx,aoti,executorch]
-    python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m]
+    python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m] [--torchport-only]
 
 `checkpoints`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`
 (whether the program and each target generate eager transformers' tokens), BERT and ViT
@@ -13,7 +13,9 @@ Whisper with no task given (encoder-decoder, two programs, generation checked).
 `real-size`: a ~250M-parameter Llama (generation-ready, static cache of 1024 tokens) and
 ViT-base (86M, image-classification); torchport's stage times and peak memory against a
 cold plain-torch script doing load → export (transformers' static-cache recipe for the
-LLM) → run_decompositions → save → load → run. Prints markdown tables (docs/models.md).
+LLM) → run_decompositions → save → load → run; torchport's peak resident memory per stage
+(`report.stages[].peak_rss_mb`, the job process's) beside the job tree's peak. Prints
+markdown tables (docs/models.md).
 """
 
 from __future__ import annotations
@@ -277,42 +279,58 @@ def checkpoints(targets: list[str], timeout: float, only: list[str] | None = Non
         )
 
 
-def real_size(only: list[str] | None, timeout: float) -> None:
+def real_size(only: list[str] | None, timeout: float, plain_too: bool = True) -> None:
     print(
         "| model | parameters | task | torchport stages s (load / trace / decompose / verify "
-        "/ serialize) | torchport wall s | torchport peak MB | plain stages s (load / export "
-        "/ decompose / save / load+run) | plain wall s | plain peak MB | wall ratio |"
+        "/ serialize) | torchport stage peaks MB (same order) | torchport wall s | torchport "
+        "peak MB | plain stages s (load / export / decompose / save / load+run) | plain wall s "
+        "| plain peak MB | wall ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, (config_class, model_class, config, task) in REAL.items():
         if only and name not in only:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / name
             count = _save(directory, config_class, model_class, config)
-            started = time.perf_counter()
-            plain = subprocess.run(
-                [sys.executable, "-c", PLAIN, str(directory), task, str(Path(tmp) / "plain.pt2")],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=True,
-            )
-            plain_wall = time.perf_counter() - started
-            facts = json.loads(plain.stdout.strip().splitlines()[-1])
+            plain_stages, plain_wall, plain_peak = "-", None, None
+            if plain_too:
+                started = time.perf_counter()
+                plain = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        PLAIN,
+                        str(directory),
+                        task,
+                        str(Path(tmp) / "plain.pt2"),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    check=True,
+                )
+                plain_wall = time.perf_counter() - started
+                facts = json.loads(plain.stdout.strip().splitlines()[-1])
+                times, plain_peak = facts["times"], facts["peak_mb"]
+                order = ["start", "loading", "tracing", "decomposing", "saving", "load_and_run"]
+                plain_stages = " / ".join(
+                    f"{times[b] - times[a]:.1f}" for a, b in itertools.pairwise(order)
+                )
             report, wall = _torchport(directory, task, Path(tmp) / "out", [], timeout)
-        times = facts["times"]
-        order = ["start", "loading", "tracing", "decomposing", "saving", "load_and_run"]
-        plain_stages = " / ".join(
-            f"{times[b] - times[a]:.1f}" for a, b in itertools.pairwise(order)
-        )
         stages = {s["name"]: s["duration_s"] for s in report["stages"]}
         ours = " / ".join(f"{stages.get(s, 0):.1f}" for s in STAGES[:5])
+        peaks = {s["name"]: s.get("peak_rss_mb") for s in report["stages"]}
+        ours_mb = " / ".join("-" if peaks.get(s) is None else f"{peaks[s]:.0f}" for s in STAGES[:5])
         memory = ((report.get("sandbox") or {}).get("details") or {}).get("memory") or {}
         print(
-            f"| {name} | {count / 1e6:.0f}M | {task} | {ours} | {wall:.1f} | "
-            f"{memory.get('peak_mb', '-')} | {plain_stages} | {plain_wall:.1f} | "
-            f"{facts['peak_mb']:.0f} | {wall / plain_wall:.2f} |"
+            f"| {name} | {count / 1e6:.0f}M | {task} | {ours} | {ours_mb} | {wall:.1f} | "
+            f"{memory.get('peak_mb', '-')} | {plain_stages} | "
+            + (
+                f"{plain_wall:.1f} | {plain_peak:.0f} | {wall / plain_wall:.2f} |"
+                if plain_wall is not None and plain_peak is not None
+                else "- | - | - |"
+            )
         )
         if report["status"] != "succeeded":
             print(f"<!-- {name}: {report['error']} -->")
@@ -324,12 +342,17 @@ def main() -> None:
     parser.add_argument("--targets", default="onnx,aoti,executorch")
     parser.add_argument("--only", default=None)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--torchport-only", action="store_true", help="real-size: skip the plain-torch script"
+    )
     args = parser.parse_args()
     if args.suite == "checkpoints":
         only = args.only.split(",") if args.only else None
         checkpoints([t for t in args.targets.split(",") if t], args.timeout, only)
     else:
-        real_size(args.only.split(",") if args.only else None, args.timeout)
+        real_size(
+            args.only.split(",") if args.only else None, args.timeout, not args.torchport_only
+        )
 
 
 if __name__ == "__main__":

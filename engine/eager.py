@@ -2,7 +2,9 @@
 
 `module_inputs` reads `example_args` / `example_kwargs` from the entry module when no
 inputs file was uploaded; `run_eager` runs a deep copy of the model once, leaving the
-model and its inputs untouched, for the reference outputs and buffers.
+model and its inputs untouched, for the reference outputs and buffers. The copy shares
+the model's weights (`engine.module_copies`): a forward that writes its own parameters
+fails the run instead of being copied for.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from engine import module_copies
 from engine.errors import EagerRunFailed, InvalidInputs
 from engine.inputs import normalize_inputs
 from engine.source_map import SourceMap
@@ -64,7 +67,8 @@ def run_eager(
     kwargs: dict[str, Any],
     source_map: SourceMap,
 ) -> tuple[Any, dict[str, torch.Tensor]]:
-    """Run a deep copy of `module` once on deep copies of the inputs, under no_grad.
+    """Run a copy of `module` (sharing its weights) once on deep copies of the inputs,
+    under no_grad.
 
     `module` and the inputs are left untouched, buffers included. A module that
     cannot be deep-copied is run itself, and its parameters and buffers are restored
@@ -75,10 +79,12 @@ def run_eager(
 
     Raises:
         EagerRunFailed: the forward raised (location: the innermost user frame;
-            details `exception`).
+            details `exception`), or wrote the model's parameters in place (details
+            `reason` `weights_changed`, `parameters`).
     """
+    weights = module_copies.WeightVersions(module)
     try:
-        reference = copy.deepcopy(module)
+        reference = module_copies.sharing_weights(module)
         saved = None
     except Exception:
         reference = module
@@ -107,6 +113,15 @@ def run_eager(
     finally:
         if saved is not None:
             _restore(module, saved)
+    changed = weights.changed() if saved is None else []
+    if changed:
+        raise EagerRunFailed(
+            "Running the model changed its own parameters in place: " + ", ".join(changed[:5]),
+            hint="Keep the forward from writing parameters (use buffers for state): the "
+            "export and its verification run the model as uploaded, sharing its weights.",
+            stage=STAGE,
+            details={"reason": "weights_changed", "parameters": changed[:20]},
+        )
     return outputs, buffers
 
 

@@ -1,9 +1,10 @@
 """The bookkeeping of one export, and the torch warnings it reports.
 
 `ExportRun` holds what `engine.pipeline.run_export` gathers while the stages run: stage
-timings (`step`), progress callbacks, the report's sections, its warnings, the
-libraries the upload imported and the deployment targets converted. `torch_warnings`
-turns the warnings caught during the export into the report's `torch_warning` entries.
+timings and memory peaks (`step`, `engine.resident_memory`), progress callbacks, the
+report's sections, its warnings, the libraries the upload imported and the deployment
+targets converted. `torch_warnings` turns the warnings caught during the export into the
+report's `torch_warning` entries.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from engine import resident_memory
 from engine.source_map import SourceMap
 from schemas import Progress, ReportWarning, StageRecord, TargetResult, TracingReport
 
@@ -48,6 +50,7 @@ class ExportRun:
         self.stage = name
         self.emit(0.0, message)
         started = time.perf_counter()
+        memory = resident_memory.PeakWatch().start()
         try:
             yield
         except BaseException:
@@ -56,6 +59,7 @@ class ExportRun:
                     name=name,
                     status="failed",
                     duration_s=time.perf_counter() - started,
+                    peak_rss_mb=memory.stop()[0],
                 )
             )
             raise
@@ -64,6 +68,7 @@ class ExportRun:
                 name=name,
                 status="succeeded",
                 duration_s=time.perf_counter() - started,
+                peak_rss_mb=memory.stop()[0],
             )
         )
         self.emit(1.0, f"{name} done")

@@ -11,7 +11,6 @@ The bookkeeping of a run lives in `engine.export_run`, the steps around the stag
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 import warnings
@@ -33,6 +32,7 @@ from engine import (
     inputs,
     library_adaptations,
     loading,
+    module_copies,
     portability,
     profiling,
     roundtrip,
@@ -229,7 +229,9 @@ def _export(
         if reference:
             run_reference(loaded)
         made = apply_portability(run, loaded)
-        pristine = copy.deepcopy(loaded.module) if reference else loaded.module
+        # A copy sharing the weights (nothing before the targets writes them): buffers,
+        # settings and structure as the user gave them, whatever tracing adapts below.
+        pristine = module_copies.sharing_weights(loaded.module) if reference else loaded.module
         # after the copy: verification compares against the model as the user gave it
         traced_model = loaded.module
         if isinstance(traced_model, portability.PortableModule):
@@ -295,10 +297,18 @@ def _export(
         names = dim_names(ep, traced.dynamic_shapes, loaded.module, loaded.args, loaded.kwargs)
         run.sections["model"] = documents.model_summary(ep, names)
 
+    example_outputs: list[Any] = []  # the program's, kept for the round trip
     if options.verify.enabled:
         with run.step("verifying", "comparing against eager PyTorch"):
             checked = verification.verify(
-                ep, pristine, loaded.args, loaded.kwargs, _sampled(loaded, options), names=names
+                ep,
+                pristine,
+                loaded.args,
+                loaded.kwargs,
+                _sampled(loaded, options),
+                names=names,
+                example_outputs=example_outputs,
+                memory_mb=options.memory_mb,
             )
             undecomposed_passed: bool | None = None
             if checked.passed is False:
@@ -307,6 +317,7 @@ def _export(
                 )
                 if recovered is not None:
                     ep, checked = recovered
+                    example_outputs.clear()  # another program's
             run.sections["verification"] = checked
             if checked.passed is False:
                 raise verification_failed(checked, undecomposed_passed)
@@ -366,7 +377,7 @@ def _export(
         )
         write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if roundtrip_wanted:
-            check_roundtrip(run, ep, loaded, program, roundtrip_runner)
+            check_roundtrip(run, ep, loaded, program, roundtrip_runner, example_outputs[:1] or None)
         if encoder is not None and encoder_report is not None:
             artifacts[encoder_program.ENCODER_PROGRAM] = encoder_program.save(
                 run, encoder, encoder_report, roundtrip_runner if roundtrip_wanted else None

@@ -20,7 +20,16 @@ import torch
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from engine import decomposition, documents, draft, portability, profiling, roundtrip, verification
+from engine import (
+    decomposition,
+    documents,
+    draft,
+    module_copies,
+    portability,
+    profiling,
+    roundtrip,
+    verification,
+)
 from engine.artifacts import PROGRAM
 from engine.eager import run_eager
 from engine.errors import (
@@ -250,7 +259,8 @@ def partial_verification_warning(
     report: VerificationReport, target: str | None = None
 ) -> ReportWarning | None:
     """`partially_verified` when no check failed but some samples were skipped (the eager
-    model or the program's guards rejected their inputs): the result is not *verified*.
+    model or the program's guards rejected their inputs, or a sample was over a bound:
+    `verify.max_sample_cost`, the job's `memory_mb`): the result is not *verified*.
     None otherwise. `target` names a deployment target's verification."""
     if report.verdict != "partially_verified":
         return None
@@ -258,7 +268,10 @@ def partial_verification_warning(
     total = len(report.samples)
     where = f"target {target}" if target is not None else "the exported program"
     details: dict[str, Any] = {
-        "samples": [{"label": s.label, "reason": s.reason, "symbols": s.symbols} for s in skipped],
+        "samples": [
+            {"label": s.label, "reason": s.reason, "symbols": s.symbols, "bound": s.bound}
+            for s in skipped
+        ],
         "checked": report.checked,
         "skipped": len(skipped),
         "total": total,
@@ -404,11 +417,19 @@ def check_roundtrip(
     loaded: LoadedModel,
     program: Path,
     runner: RoundtripRunner,
+    expected: list[Any] | None = None,
 ) -> None:
+    """The saved program loaded and run in a fresh process, compared bit for bit with
+    the program's outputs here: `expected[0]`, those verification computed on the example,
+    or, when not given, a run of `ep` now."""
     payload = run.request.work_dir / "roundtrip-payload.pt"
-    with torch.no_grad():
-        expected = ep.module()(*copy.deepcopy(loaded.args), **copy.deepcopy(loaded.kwargs))
-    roundtrip.write_payload(payload, loaded.args, loaded.kwargs, expected)
+    if expected:
+        outputs = expected[0]
+    else:
+        with torch.no_grad():
+            module = module_copies.sharing_weights(ep.module())  # ep's buffers stay as saved
+            outputs = module(*copy.deepcopy(loaded.args), **copy.deepcopy(loaded.kwargs))
+    roundtrip.write_payload(payload, loaded.args, loaded.kwargs, outputs)
     check = runner(program, payload)
     verification_report = run.sections.get("verification")
     if verification_report is not None:

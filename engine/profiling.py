@@ -15,8 +15,9 @@ count) gets an equal share of what is left when it starts, its load and warm-up 
 it makes the first warm-up run and the first timed run whatever its share, and the others
 while its share lasts, up to `warmup` and `runs`.
 
-Memory: the process's resident set is sampled every `INTERVAL_S` while an artifact is
-loaded and run, and the kernel's high-water mark (`VmHWM`) read when it rose; both are in
+Memory: the peak of the process's resident set while an artifact is loaded and run
+(`engine.resident_memory.PeakWatch`: the kernel's high-water mark `VmHWM`, reset at the
+start where allowed, else the resident set sampled every `INTERVAL_S`); it is in
 the one process that also holds the model and the programs (`added_rss_mb` is the part an
 artifact added). An artifact whose files would not fit in what is left of `memory_mb` is not
 loaded (`status` `skipped`): a profile never ends a job that succeeded.
@@ -25,8 +26,6 @@ loaded (`status` `skipped`): a profile never ends a job that succeeded.
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
 import functools
 import gc
 import math
@@ -34,7 +33,6 @@ import os
 import platform
 import resource
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +41,7 @@ from typing import Any
 
 import torch
 
+from engine import resident_memory
 from schemas import ExportOptions, ProfileOptions
 from schemas.profile import (
     ArtifactProfile,
@@ -66,8 +65,9 @@ __all__ = [
 
 Runner = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
-INTERVAL_S = 0.02
-"""How often the resident set is sampled while an artifact runs."""
+INTERVAL_S = resident_memory.INTERVAL_S
+"""How often the resident set is sampled while an artifact runs (where the kernel's
+high-water mark cannot be reset: `engine.resident_memory`)."""
 
 LOAD_MEMORY_FACTOR = 2.0
 """An artifact is loaded only when this many times its size on disk fits in what is left of
@@ -229,8 +229,7 @@ def _artifact(
         )
         return found
     worker = torch.get_num_threads()
-    peaks = _ResidentPeaks()
-    peaks.start()
+    peaks = resident_memory.PeakWatch().start()
     try:
         for threads in counts:
             found.latency.append(_timed(subject, threads, options, share(), device))
@@ -246,7 +245,8 @@ def _artifact(
         torch.set_num_threads(worker)
         gc.collect()
         found.peak_rss_mb, found.added_rss_mb = peaks.stop()
-        _release_free_memory()
+        # the next artifact's `added_rss_mb` starts from what is really in use
+        resident_memory.release_free_memory()
     return found
 
 
@@ -370,92 +370,13 @@ def _cpuinfo() -> tuple[str | None, frozenset[str]]:
     return name or platform.processor() or None, frozenset(flags)
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _resident() -> int | None:
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _high_water() -> int | None:
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _headroom_mb(memory_mb: int | None) -> float | None:
     """MB left under the job's memory limit (`memory_mb`, or RLIMIT_DATA when lower)."""
     limits = [memory_mb * 2**20] if memory_mb else []
     data, _ = resource.getrlimit(resource.RLIMIT_DATA)
     if data != resource.RLIM_INFINITY:
         limits.append(data)
-    now = _resident()
+    now = resident_memory.resident()
     if not limits or now is None:
         return None
     return (min(limits) - now) / 2**20
-
-
-class _ResidentPeaks:
-    """The most resident memory between `start` and `stop`, sampled by a thread."""
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._before = _resident()
-        self._largest = self._before or 0
-        self._mark = _high_water()
-
-    def start(self) -> None:
-        if self._before is None:
-            return
-        self._thread = threading.Thread(
-            target=self._sample, name="torchport-profile-memory", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> tuple[float | None, float | None]:
-        """(peak, peak less the resident memory at the start), in MB."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-        now = _resident()
-        if now is None or self._before is None:
-            return None, None
-        peak = max(self._largest, now)
-        high = _high_water()
-        if high is not None and self._mark is not None and high > self._mark:
-            peak = max(peak, high)  # the process's record was set meanwhile: exact
-        return round(peak / 2**20, 1), round(max(0, peak - self._before) / 2**20, 1)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(INTERVAL_S):
-            now = _resident()
-            if now is not None and now > self._largest:
-                self._largest = now
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
-def _release_free_memory() -> None:
-    """Hand the C heap's free pages back (glibc's `malloc_trim`), so that the next
-    artifact's `added_rss_mb` starts from what is really in use."""
-    trim = _malloc_trim()
-    if callable(trim):
-        trim(0)

@@ -10,6 +10,10 @@ round trip is `engine.roundtrip`'s job.
 
 When the model was wrapped for portability (`engine.portability`), pass the wrapper
 and its plain inputs: eager and exported then take and return the same structures.
+
+Each run gets its own copy of the module (a run may change buffers), sharing the weights
+(`engine.module_copies`): a weight copy per run would double a big model's memory twice
+per sample. A sample whose eager run wrote the weights fails (the reference is gone).
 """
 
 from __future__ import annotations
@@ -17,16 +21,17 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
 
+from engine import module_copies, resident_memory
 from engine.roundtrip import flatten_with_paths
 from engine.sampling import draw_samples
 from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 
-__all__ = ["EXPORTED_RAISED", "Runner", "default_tolerance", "verify"]
+__all__ = ["EXPORTED_RAISED", "WEIGHTS_CHANGED", "Runner", "default_tolerance", "verify"]
 
 Runner = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 """Runs something other than `ep.module()` on `(args, kwargs)` (a deployment target's
@@ -39,6 +44,10 @@ _EPS = 1e-7
 """The denominator guard of the relative error, as in torch.onnx's verification report."""
 
 _LOW_PRECISION = {torch.float16, torch.bfloat16}
+
+MEMORY_SHARE = 0.9
+"""The share of the job's `memory_mb` a sample's estimated peak may reach; the rest is
+left for what the estimate misses."""
 
 
 def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -61,13 +70,15 @@ def verify(
     seed: int = 0,
     runner: Runner | None = None,
     names: Mapping[str, str] | None = None,
+    example_outputs: list[Any] | None = None,
+    memory_mb: int | None = None,
 ) -> VerificationReport:
     """Compare `ep` with eager `pristine` on the example and on sampled inputs.
 
     Args:
         ep: the program to check (decomposed or not).
         pristine: the module `ep` was exported from, in its state before any run;
-            it is deep-copied for every run, never run itself.
+            copied for every run (sharing its weights), never run itself.
         args, kwargs: the example inputs `ep` was exported with.
         opts: tolerances and the number of extra samples.
         seed: makes the sampled sizes and values reproducible.
@@ -75,6 +86,13 @@ def verify(
             `ep`'s ranges); only outputs are compared then: a target's runtime keeps
             buffers and in-place input changes to itself.
         names: the user's dim names for torch's symbols: a sample's `symbols` use them.
+        example_outputs: when given, the program's outputs on the example are appended
+            to it (the round trip's expected outputs: the program is not run again).
+        memory_mb: the job's memory limit: a sample whose estimated peak (the resident
+            memory now, plus the memory the example's run added times the sample's
+            `cost`, its input elements over the example's) exceeds `MEMORY_SHARE` of it
+            is skipped (`bound` `memory_mb`), as is one costing more than
+            `opts.max_sample_cost` (`bound` `max_sample_cost`).
 
     Returns:
         The report; `passed` is true when every check that was not skipped passed, and
@@ -86,7 +104,11 @@ def verify(
     # ep.module() shares its state tensors with ep: every run gets a deep copy, so a
     # buffer mutation never leaks into the next run, nor into the program later saved.
     template = ep.module() if runner is None else None
-    samples = [_run_sample("example", {}, ep, template, pristine, args, kwargs, opts, runner)]
+    copies = _Copies(pristine, template, share=not module_copies.mutates_parameters(ep))
+    watch = resident_memory.PeakWatch().start()
+    samples = [_run_sample("example", {}, copies, ep, args, kwargs, opts, runner, example_outputs)]
+    example_added = watch.stop()[1]
+    example_size = max(1, _elements(args, kwargs))
     if opts.samples:
         for label, symbols, inputs in draw_samples(ep, args, kwargs, opts.samples, seed, names):
             if isinstance(inputs, str):
@@ -95,10 +117,24 @@ def verify(
                 )
                 continue
             sample_args, sample_kwargs = inputs
-            samples.append(
-                _run_sample(
-                    label, symbols, ep, template, pristine, sample_args, sample_kwargs, opts, runner
+            cost = round(_elements(sample_args, sample_kwargs) / example_size, 2)
+            bounded = _over_bound(cost, opts, example_added, memory_mb)
+            if bounded is not None:
+                bound, reason = bounded
+                samples.append(
+                    SampleCheck(
+                        label=label,
+                        symbols=symbols,
+                        input_shapes=_input_shapes(sample_args, sample_kwargs),
+                        status="skipped",
+                        reason=reason,
+                        cost=cost,
+                        bound=bound,
+                    )
                 )
+                continue
+            samples.append(
+                _run_sample(label, symbols, copies, ep, sample_args, sample_kwargs, opts, runner)
             )
     passed = all(s.status == "passed" for s in samples if s.status != "skipped")
     return VerificationReport(
@@ -112,20 +148,46 @@ def verify(
 # --- one run ---------------------------------------------------------------------------
 
 
+WEIGHTS_CHANGED = "the eager run changed the model's weights in place: "
+"""How a sample's reason starts when the eager forward wrote its own parameters."""
+
+
+class _Copies:
+    """A fresh eager model and exported module for each run, sharing the weights unless
+    the program itself writes parameters."""
+
+    def __init__(
+        self, pristine: torch.nn.Module, template: torch.nn.Module | None, *, share: bool
+    ) -> None:
+        self.pristine, self.template, self.share = pristine, template, share
+        self.weights = module_copies.WeightVersions(pristine)
+
+    def eager(self) -> torch.nn.Module:
+        if self.share:
+            return module_copies.sharing_weights(self.pristine)
+        return copy.deepcopy(self.pristine)
+
+    def exported(self) -> torch.nn.Module:
+        assert self.template is not None
+        if self.share:
+            return module_copies.sharing_weights(self.template)
+        return copy.deepcopy(self.template)
+
+
 def _run_sample(
     label: str,
     symbols: dict[str, int],
+    copies: _Copies,
     ep: torch.export.ExportedProgram,
-    template: torch.nn.Module | None,
-    pristine: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     opts: VerifyOptions,
     runner: Runner | None = None,
+    example_outputs: list[Any] | None = None,
 ) -> SampleCheck:
     shapes = _input_shapes(args, kwargs)
     common: dict[str, Any] = {"label": label, "symbols": symbols, "input_shapes": shapes}
-    eager = copy.deepcopy(pristine)
+    eager = copies.eager()
     eager_before = _buffers(eager)
     try:
         with torch.no_grad():
@@ -137,11 +199,15 @@ def _run_sample(
         # The model itself rejects this input (data-dependent indexing and the like):
         # nothing to compare, and nothing wrong with the program.
         return SampleCheck(status="skipped", reason=f"eager run: {_describe(exc)}", **common)
+    changed = copies.weights.changed()
+    if changed:
+        return SampleCheck(
+            status="failed", reason=WEIGHTS_CHANGED + ", ".join(changed[:5]), **common
+        )
 
     if runner is not None:
         return _run_target_sample(runner, expected, args, kwargs, opts, common)
-    assert template is not None
-    exported = copy.deepcopy(template)
+    exported = copies.exported()
     exported_before = _buffers(exported)
     try:
         with torch.no_grad():
@@ -158,6 +224,8 @@ def _run_sample(
             )
         return SampleCheck(status="failed", reason=f"{EXPORTED_RAISED}{_describe(exc)}", **common)
 
+    if example_outputs is not None:
+        example_outputs.append(actual)
     outputs, reason = _compare_outputs(expected, actual, opts)
     buffers = _compare_buffers(ep, eager, eager_before, exported, exported_before, opts)
     buffers += _compare_input_mutations(
@@ -318,7 +386,35 @@ def _errors(e: torch.Tensor, a: torch.Tensor) -> tuple[float | None, float | Non
     return float(diff.max()), float(rel.max())
 
 
+def _over_bound(
+    cost: float, opts: VerifyOptions, example_added_mb: float | None, memory_mb: int | None
+) -> tuple[Literal["max_sample_cost", "memory_mb"], str] | None:
+    """Which bound a sample of `cost` crosses, and why; None when it may run."""
+    if opts.max_sample_cost is not None and cost > opts.max_sample_cost:
+        return "max_sample_cost", (
+            f"over verify.max_sample_cost: {cost:g} times the example's input elements "
+            f"(at most {opts.max_sample_cost:g})"
+        )
+    now = resident_memory.resident()
+    if memory_mb is None or example_added_mb is None or now is None or cost <= 1:
+        return None
+    estimate = now / 2**20 + cost * example_added_mb
+    if estimate <= MEMORY_SHARE * memory_mb:
+        return None
+    return "memory_mb", (
+        f"over the job's memory: estimated peak {estimate:.0f} MB ({cost:g} times the "
+        f"example's inputs, whose run added {example_added_mb:.0f} MB) of memory_mb "
+        f"{memory_mb}"
+    )
+
+
 # --- small pieces ----------------------------------------------------------------------
+
+
+def _elements(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return sum(
+        leaf.numel() for _, leaf in _input_leaves(args, kwargs) if isinstance(leaf, torch.Tensor)
+    )
 
 
 def _input_shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, list[int | str]]:

@@ -45,6 +45,16 @@ class VerifyOptions(StrictModel):
     rtol: Annotated[float | None, Field(ge=0)] = None
     samples: Annotated[int, Field(ge=0, le=64)] = 3
     roundtrip: bool = True
+    max_sample_cost: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="The biggest sample verified, as a multiple of the example's input "
+            "elements; bigger ones are skipped (the verdict is then partially_verified). "
+            "null: no fixed bound; samples whose estimated peak memory would exceed the "
+            "job's memory_mb are skipped either way.",
+        ),
+    ] = None
 
 
 TargetName = Literal["onnx", "aoti", "executorch"]

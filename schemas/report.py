@@ -24,6 +24,11 @@ class StageRecord(StrictModel):
     status: StageStatus
     duration_s: float
     message: str | None = None
+    peak_rss_mb: float | None = Field(
+        default=None,
+        description="The most resident memory the export's process held during the stage, "
+        "in MB (null where /proc is unreadable).",
+    )
 
 
 class TraceAttempt(StrictModel):
@@ -111,6 +116,12 @@ class SampleCheck(StrictModel):
     reason: str | None = None
     outputs: list[OutputCheck] = Field(default_factory=list)
     buffers: list[OutputCheck] = Field(default_factory=list)
+    cost: float | None = Field(
+        default=None, description="The sample's input elements over the example's."
+    )
+    bound: Literal["max_sample_cost", "memory_mb"] | None = Field(
+        default=None, description="The bound that skipped the sample, if one did."
+    )
 
 
 class RoundtripCheck(StrictModel):

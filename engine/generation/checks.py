@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from engine import module_copies
 from engine.errors import VerificationFailed
 from engine.generation.greedy import Step, cached_tokens, check, eager_tokens
 from engine.generation.ready import Generation
@@ -49,7 +49,7 @@ def program_report(
     result: GenerationCheck | None = None
     encoder = generation.encoder
     if verify:
-        module = copy.deepcopy(ep.module())
+        module = module_copies.sharing_weights(ep.module())
         if encoder is None:
             step = _step(lambda kwargs: [module(**kwargs)])
         else:

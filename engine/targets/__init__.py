@@ -263,6 +263,7 @@ def run_target(
                 tolerances,
                 runner=structured_runner(flat, program),
                 names=names,
+                memory_mb=options.memory_mb,
             )
         if check is not None and check.passed is False:
             raised, where = _first_failure(check)

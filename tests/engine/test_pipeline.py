@@ -50,6 +50,10 @@ def test_success_writes_every_artifact_valid_against_its_json_schema(tmp_path: P
         "verifying",
         "serializing",
     ]
+    # each stage's memory peak: at least the interpreter with torch loaded
+    peaks = [stage.peak_rss_mb for stage in report.stages]
+    assert all(peak is not None and peak > 50 for peak in peaks), peaks
+    assert document["stages"][0]["peak_rss_mb"] == peaks[0]
 
 
 @pytest.mark.parametrize("verify", [True, False])

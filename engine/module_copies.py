@@ -1,0 +1,57 @@
+"""Copies of a model that share its weights, and the check that the weights stayed as they
+were.
+
+An export runs the model many times (the eager reference, each verification sample on
+both sides, the generation check, each target's verification), and each run must start
+from the model's state as uploaded: a run may change buffers (a KV cache, batch-norm
+statistics) and inputs in place. A full `copy.deepcopy` for each run also copies the
+weights — a gigabyte for a 250M-parameter float32 model, twice per sample. The forward of
+an exported program never changes its parameters (torch.export lists such a mutation in
+the signature: `mutates_parameters`), nor does a well-behaved eager forward, so the runs
+share the weights (`sharing_weights`: module structure, buffers and other tensors copied,
+parameters the same tensors) and `WeightVersions` checks, by the tensors' version counters
+and data pointers, that no run changed them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TypeVar
+
+import torch
+from torch.export.graph_signature import OutputKind
+
+__all__ = ["WeightVersions", "mutates_parameters", "sharing_weights"]
+
+Module = TypeVar("Module", bound=torch.nn.Module)
+
+
+def sharing_weights(module: Module) -> Module:
+    """A deep copy of `module` whose parameters are `module`'s own tensors."""
+    memo: dict[int, object] = {id(parameter): parameter for parameter in module.parameters()}
+    return copy.deepcopy(module, memo)
+
+
+def mutates_parameters(program: torch.export.ExportedProgram) -> bool:
+    """Whether `program` writes any of its parameters (then its runs need own copies)."""
+    return any(
+        spec.kind == OutputKind.PARAMETER_MUTATION for spec in program.graph_signature.output_specs
+    )
+
+
+class WeightVersions:
+    """The parameters of a module as they are now, to tell later whether any changed."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._seen = {
+            name: (parameter, parameter._version, parameter.data_ptr())
+            for name, parameter in module.named_parameters()
+        }
+
+    def changed(self) -> list[str]:
+        """The names of the parameters written in place (or given other data) since."""
+        return [
+            name
+            for name, (parameter, version, pointer) in self._seen.items()
+            if parameter._version != version or parameter.data_ptr() != pointer
+        ]
