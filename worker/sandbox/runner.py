@@ -444,6 +444,7 @@ class SandboxRunner:
         }
         if zygote.info.get("mount_view"):
             details["mount_view"] = zygote.info["mount_view"]
+        details["warm_libraries"] = (zygote.info.get("libraries") or {}).get("imported", [])
         note = self.landlock_note()
         if note is not None:
             details["landlock"] = note
