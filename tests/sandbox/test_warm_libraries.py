@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from worker.sandbox import SandboxResult, SandboxSettings
-from worker.sandbox.warm_libraries import default_libraries
+from worker.sandbox.warm_libraries import default_libraries, wanted_libraries
 
 from .conftest import MODELS, Arena
 
@@ -96,6 +96,18 @@ def test_the_setting_takes_module_names_only() -> None:
     for bad in ("os; import shutil", "../evil", "", "a..b"):
         with pytest.raises(ValidationError):
             SandboxSettings(warm_libraries=[bad])
+
+
+def test_no_library_is_warmed_on_a_gpu_worker_or_without_the_warm_up() -> None:
+    """A GPU worker's zygote hides CUDA while it warms up: a library could cache that."""
+    installed = default_libraries()
+    assert installed[:3] == ["transformers", "diffusers", "peft"]
+    assert wanted_libraries({"warm_up": True}) == installed
+    assert wanted_libraries({"warm_up": True, "warm_libraries": ["timm"]}) == ["timm"]
+    assert wanted_libraries({"warm_up": True, "warm_libraries": []}) == []
+    assert wanted_libraries({"warm_up": True, "gpu": {"devices": []}}) == []
+    assert wanted_libraries({"warm_up": "during_first_job"}) == []
+    assert wanted_libraries({"warm_up": False}) == []
 
 
 def _seen(result: SandboxResult) -> dict[str, object]:

@@ -106,7 +106,7 @@ class SandboxSettings(BaseModel):
     `["transformers", "diffusers"]`; a dotted name is imported as the module it names.
     Default: those of transformers, diffusers, peft, timm and torchvision installed. One
     whose import fails or starts a thread is skipped (the zygote's log says why); `[]`
-    warms none. Only with `warm_up` true."""
+    warms none. Only with `warm_up` true, and never on a GPU worker (warm_libraries.py)."""
     spares: bool = True
     """Keep a pre-forked, self-warmed spare job child and loader child while idle (spares.py):
     a CPU job arriving at an idle worker skips the fork and the cold start. Costs the

@@ -16,6 +16,10 @@ whatever one job changes (a patched function, a registered class) is its own cop
 gone when it exits. No job gains a right: the libraries' files are among the code a
 job may read anyway (lockdown.code_paths).
 
+Not in a GPU worker's zygote: its warm-up hides CUDA (warmup.cuda_hidden), and a library
+may cache what it saw at import (transformers' `is_flash_attn_2_available` keeps the
+answer of `is_torch_cuda_available` in an `lru_cache`), which its CUDA jobs would inherit.
+
 What is imported per library: transformers and diffusers import lazily (`import
 transformers` is cheap; a model class loads its modeling module, and that the heavy
 common ones), so their entries name the modules a job's load actually spends its time
@@ -35,6 +39,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from worker.sandbox import threads
 
@@ -44,6 +49,7 @@ __all__ = [
     "PROBE_TIMEOUT_S",
     "WarmedLibraries",
     "default_libraries",
+    "wanted_libraries",
     "warm_libraries",
 ]
 
@@ -100,6 +106,15 @@ class WarmedLibraries:
 def default_libraries() -> list[str]:
     """The libraries of `DEFAULT_LIBRARIES` installed for this interpreter."""
     return [name for name in DEFAULT_LIBRARIES if importlib.util.find_spec(name) is not None]
+
+
+def wanted_libraries(config: dict[str, Any]) -> list[str]:
+    """The libraries a zygote with this `config` warms: none on a GPU worker or without
+    the warm-up, else the setting's (`default_libraries()` when it names none)."""
+    if config.get("gpu") or config.get("warm_up", True) is not True:
+        return []
+    names = config.get("warm_libraries")
+    return default_libraries() if names is None else [str(name) for name in names]
 
 
 def warm_libraries(names: list[str] | None, timeout_s: float = PROBE_TIMEOUT_S) -> WarmedLibraries:

@@ -27,7 +27,7 @@ from typing import Any
 
 from worker.sandbox import child, threads
 from worker.sandbox.processes import read_status_kb
-from worker.sandbox.warm_libraries import WarmedLibraries, warm_libraries
+from worker.sandbox.warm_libraries import WarmedLibraries, wanted_libraries, warm_libraries
 
 __all__ = [
     "HUGE_PAGE",
@@ -122,10 +122,13 @@ def warm_zygote(config: dict[str, Any]) -> tuple[Any, list[str], int, WarmedLibr
         environment.describe("cpu")
 
         if config.get("warm_up", True) is True:
+            # Libraries first: their imports register op namespaces (transformers brings
+            # torchao, torch.distributed's, onnx's) that every decomposition walks; the
+            # warm-up then materializes their ops here, once, not in each child.
+            libraries = warm_libraries(wanted_libraries(config))
             warm = Path(config["warm_dir"])
             pipeline.warm_up(warm)
             warm_full_pipeline(warm)
-            libraries = warm_libraries(config.get("warm_libraries"))
     started_threads = threads.started_since(threads_before)
     if started_threads:
         raise SystemExit(threads.refusal(started_threads))
