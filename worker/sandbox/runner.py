@@ -196,6 +196,12 @@ class SandboxRunner:
         return list_children(pid) if pid is not None else []
 
     @property
+    def zygote_hello(self) -> dict[str, Any]:
+        """What the zygote said when it started (its size, warm-up time, libraries)."""
+        zygote = self._zygote
+        return dict(zygote.info) if zygote is not None else {}
+
+    @property
     def zygote_pid(self) -> int | None:
         """The zygote's pid as this process sees it."""
         zygote = self._zygote
@@ -444,6 +450,7 @@ class SandboxRunner:
         }
         if zygote.info.get("mount_view"):
             details["mount_view"] = zygote.info["mount_view"]
+        details["warm_libraries"] = (zygote.info.get("libraries") or {}).get("imported", [])
         note = self.landlock_note()
         if note is not None:
             details["landlock"] = note

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,7 @@ from schemas.job import UPLOAD_ROLES
 from schemas.limits import MAX_TIMEOUT_S
 
 NOBODY = 65534
+_MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 class SandboxSettings(BaseModel):
@@ -99,6 +100,13 @@ class SandboxSettings(BaseModel):
     """True: the zygote runs the whole pipeline once before it serves (later forks start
     warm). "during_first_job" (one-shot runs): it serves at once and, while the first job
     traces, warms up only what that job's round-trip loader, forked later, will need."""
+    warm_libraries: list[Annotated[str, Field(pattern=_MODULE_NAME)]] | None = None
+    """Model libraries the zygote imports during its warm-up, before it forks, so a job
+    pays only for its own model's modules (warm_libraries.py): import names, e.g.
+    `["transformers", "diffusers"]`; a dotted name is imported as the module it names.
+    Default: those of transformers, diffusers, peft, timm and torchvision installed. One
+    whose import fails or starts a thread is skipped (the zygote's log says why); `[]`
+    warms none. Only with `warm_up` true, and never on a GPU worker (warm_libraries.py)."""
     spares: bool = True
     """Keep a pre-forked, self-warmed spare job child and loader child while idle (spares.py):
     a CPU job arriving at an idle worker skips the fork and the cold start. Costs the

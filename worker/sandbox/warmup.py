@@ -2,7 +2,8 @@
 torch's lazy imports and caches instead of paying for them per job.
 
 - `warm_zygote`: torch and the engine imported with one thread, the warm-up run, the
-  heap frozen; refused when a thread was left behind (threads.py).
+  model libraries imported (warm_libraries.py), the heap frozen; refused when a thread
+  was left behind (threads.py).
 - `warm_full_pipeline`: the whole pipeline once on a tiny transformer block (the
   zygote, a job spare; benchmarks call it to put a process in the zygote's state).
 - `warm_spare`, `warm_loader`: a spare's own warm-up; the loader's, for one-shot runs.
@@ -26,6 +27,7 @@ from typing import Any
 
 from worker.sandbox import child, threads
 from worker.sandbox.processes import read_status_kb
+from worker.sandbox.warm_libraries import WarmedLibraries, wanted_libraries, warm_libraries
 
 __all__ = [
     "HUGE_PAGE",
@@ -96,11 +98,12 @@ def warm_spare(kind: str, warm: Path) -> None:
             )
 
 
-def warm_zygote(config: dict[str, Any]) -> tuple[Any, list[str], int]:
+def warm_zygote(config: dict[str, Any]) -> tuple[Any, list[str], int, WarmedLibraries]:
     """In the zygote, after seccomp is prepared: quiet the libraries that start threads,
-    import torch (one intra-op thread) and the engine, run the warm-up unless the
-    config's `warm_up` says otherwise, freeze the heap and collapse it into huge pages.
-    Returns torch, the libraries quieted and the MB in huge pages; refuses to go on
+    import torch (one intra-op thread) and the engine, run the warm-up and import the
+    model libraries (warm_libraries.py) unless the config's `warm_up` says otherwise,
+    freeze the heap and collapse it into huge pages. Returns torch, the libraries
+    quieted, the MB in huge pages and the model libraries warmed; refuses to go on
     (SystemExit, naming it) when the warm-up left a thread behind."""
     quieted = threads.quiet_libraries()
     import torch
@@ -111,6 +114,7 @@ def warm_zygote(config: dict[str, Any]) -> tuple[Any, list[str], int]:
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     threads_before = threads.task_ids()  # `import torch` starts one of its own
+    libraries = WarmedLibraries()
     with cuda_hidden(torch):
         import schemas.version  # noqa: F401  (reads the version from installed metadata once)
         from engine import environment, pipeline, roundtrip  # noqa: F401
@@ -118,6 +122,10 @@ def warm_zygote(config: dict[str, Any]) -> tuple[Any, list[str], int]:
         environment.describe("cpu")
 
         if config.get("warm_up", True) is True:
+            # Libraries first: their imports register op namespaces (transformers brings
+            # torchao, torch.distributed's, onnx's) that every decomposition walks; the
+            # warm-up then materializes their ops here, once, not in each child.
+            libraries = warm_libraries(wanted_libraries(config))
             warm = Path(config["warm_dir"])
             pipeline.warm_up(warm)
             warm_full_pipeline(warm)
@@ -129,7 +137,7 @@ def warm_zygote(config: dict[str, Any]) -> tuple[Any, list[str], int]:
     gc.collect()
     gc.freeze()
     huge_mb = collapse_heap()
-    return torch, quieted, huge_mb
+    return torch, quieted, huge_mb, libraries
 
 
 def warm_loader(warm: Path) -> None:

@@ -131,7 +131,7 @@ class Zygote:
 
         platform.platform()  # caches `uname -p`, which it would otherwise run in each job
 
-        torch, quieted, huge_mb = warm_zygote(self.config)
+        torch, quieted, huge_mb, libraries = warm_zygote(self.config)
         self.spares.maps = pages.mappings() if pages.supported() else []
         cuda_initialized = bool(torch.cuda.is_initialized())
         cuda_poisoned = probe_bad_fork(torch)
@@ -155,6 +155,7 @@ class Zygote:
                 "pid": os.getpid(),
                 "threads": count_threads(),
                 "quieted": quieted,
+                "libraries": libraries.to_json(),
                 "mount_view": self.mount_view,
                 "data_mb": self.data_mb,
                 "rss_mb": self.rss_mb,

@@ -241,6 +241,7 @@ def build_config(
         "landlock": host.landlock_abi > 0,
         "warm_up": settings.warm_up,
         "spares": settings.spares,
+        "warm_libraries": settings.warm_libraries,
         "warm_dir": str(jobs_root / ".warm"),
         "jobs_root": str(jobs_root),
         # Without bubblewrap, a root zygote builds its own view in which jobs reach
