@@ -203,8 +203,11 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
     page.set_input_files("[data-testid=file-model]", str(unique_model(tmp_path)))
     # The ISA and the "required" box only show once they apply.
     assert page.is_hidden("#aoti-isa-row") and page.is_hidden("#targets-required")
+    assert page.is_hidden("#quantize-row")
     page.check("input[data-target=onnx]")
     assert page.is_hidden("#aoti-isa-row") and page.is_visible("#targets-required")
+    assert page.is_visible("#quantize-row") and page.input_value("#quantize") == "none"
+    page.select_option("#quantize", "int8")
     page.check("input[data-target=aoti]")
     assert page.is_visible("#aoti-isa-row")
     assert page.input_value("#aoti-isa") == "portable"
@@ -219,6 +222,8 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         assert options["targets"] == ["onnx", "aoti"]
         assert options["targets_required"] is True
         assert options["aoti"] == {"isa": "x86-64-v2"}
+        assert options["quantize"]["scheme"] == "int8"
+        assert options["quantize"]["min_cosine"] == 0.99  # the default budget
         assert options["device"] == "cuda"
         # The job's progress lists the converting stage after serializing, then profiling
         # (on by default with targets).
@@ -242,6 +247,7 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         assert options["targets"] == []
         assert options["targets_required"] is False
         assert options["aoti"] == {"isa": "portable"}
+        assert options["quantize"]["scheme"] == "none"
         page.wait_for_selector("[data-stage=serializing]")
         assert page.locator("[data-stage=converting]").count() == 0
         assert page.locator("[data-stage=profiling]").count() == 0

@@ -20,6 +20,16 @@ const AOTI_ISAS = [
   ["x86-64-v4", "x86-64-v4: AVX-512 kernels"],
 ];
 
+/** Option `quantize.scheme`: which targets take each is in docs/targets.md. */
+const QUANTIZE_SCHEMES = [
+  ["none", "none (default): float artifacts"],
+  ["int8", "int8: static int8, calibrated on the samples (executorch, onnx)"],
+  ["int8_dynamic", "int8_dynamic: int8 weights, activations at run time (executorch, onnx)"],
+  ["int8_weight_only", "int8_weight_only: torchao, linears (executorch)"],
+  ["int4_weight_only", "int4_weight_only: torchao, linears (executorch)"],
+  ["8da4w", "8da4w: 8-bit activations, 4-bit weights, LLM linears (executorch)"],
+];
+
 const KINDS = {
   model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, a .zip of a package, or a Hugging Face checkpoint: its save_pretrained folder (choose it below) or a .zip of it." },
   inputs: { label: "Example inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional; replaces `example_args`. .safetensors (args.0, kwargs.mask…), .pt or a .json spec." },
@@ -126,10 +136,14 @@ export function renderUpload(root, navigate) {
   isa.id = "aoti-isa";
   const isaRow = h("label", { class: "field", id: "aoti-isa-row" }, "AOTInductor instruction set", isa,
     h("span", { class: "muted small" }, "Which x86-64 CPUs the compiled package runs on: portable suits any AVX2 + FMA CPU (Intel Haswell, AMD Zen and later); native may crash (SIGILL) on an older CPU than the worker's. The worker runs the package to verify it, so it must support the level."));
+  const quantize = select("quantize", QUANTIZE_SCHEMES, options.quantize?.scheme || "none");
+  quantize.id = "quantize";
+  const quantizeRow = h("label", { class: "field", id: "quantize-row" }, "Quantize the targets", quantize,
+    h("span", { class: "muted small" }, "Each quantized artifact is compared with your float model (cosine, max abs error, top-1, greedy tokens) and must stay within the budget, cosine ≥ 0.99 by default; program.pt2 stays float."));
   const targetsFields = h("fieldset", { class: "targets", id: "targets" },
     h("legend", {}, "Deployment targets (besides program.pt2; each is run in its own runtime and verified against eager PyTorch)"),
     h("div", { class: "target-boxes" }, targetBoxes.map(([name, label, box]) => h("label", { class: "check" }, box, ` ${label}`))),
-    isaRow, requiredRow);
+    isaRow, quantizeRow, requiredRow);
 
   const shapesText = h("textarea", { name: "dynamic_shapes", id: "dynamic-shapes", rows: 5, spellcheck: "false", placeholder: '{"x": {"0": {"name": "batch", "min": 1, "max": 64}}, "y": {"0": "batch"}}' },
     options.dynamic_shapes ? JSON.stringify(options.dynamic_shapes, null, 1) : "");
@@ -171,6 +185,7 @@ export function renderUpload(root, navigate) {
     const wanted = checkedTargets();
     isaRow.hidden = !wanted.includes("aoti");
     requiredRow.hidden = wanted.length === 0;
+    quantizeRow.hidden = wanted.length === 0;
   }
   function checkedTargets() {
     return targetBoxes.filter(([, , box]) => box.checked).map(([name]) => name);
@@ -267,6 +282,7 @@ export function renderUpload(root, navigate) {
       body.targets = wanted;
       if (targetsRequired.checked) body.targets_required = true;
       if (wanted.includes("aoti") && isa.value !== "portable") body.aoti = { isa: isa.value };
+      if (quantize.value !== "none") body.quantize = { ...(options.quantize || {}), scheme: quantize.value };
     }
     const shapes = checkDynamicShapes(shapesText.value).value;
     if (shapes !== null) body.dynamic_shapes = shapes;
