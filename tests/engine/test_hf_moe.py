@@ -48,7 +48,11 @@ def test_moe_model_converts_to_onnx_and_executorch(tmp_path: Path) -> None:
     result = export(
         tmp_path,
         "hf_qwen3_moe.py",
-        {"targets": ["onnx", "executorch"], "verify": {"roundtrip": False}},
+        {
+            "targets": ["onnx", "executorch"],
+            "verify": {"roundtrip": False},
+            "profile": {"enabled": False},
+        },
     )
     assert result.succeeded, result.report.error
     for name in ("onnx", "executorch"):
