@@ -172,6 +172,7 @@ def quantizing_for(
         kwargs=loaded.kwargs,
         dynamic_shapes=dynamic_shapes,
         calibration=calibration,
+        strict=bool(loaded.strict),
     )
     run.sections["quantization"] = quantizing.report
     return quantizing

@@ -44,6 +44,8 @@ class Quantizing:
         args, kwargs: the example inputs.
         dynamic_shapes: the torch spec the program was exported with.
         calibration: the inputs static `int8` is calibrated on (the example first).
+        strict: re-export a torchao-quantized copy in strict mode (the model's own
+            `strict`: a generation-ready LLM's static KV cache needs it).
         report: `report.quantization`, filled in by each target.
     """
 
@@ -54,6 +56,7 @@ class Quantizing:
     kwargs: dict[str, Any]
     dynamic_shapes: Any = None
     calibration: list[Inputs] = field(default_factory=list)
+    strict: bool = False
     report: QuantizationReport | None = None
     _program: torch.export.ExportedProgram | None = None
 
@@ -98,5 +101,6 @@ class Quantizing:
                     scheme=self.scheme,
                     group_size=self.options.group_size,
                     dynamic_shapes=self.dynamic_shapes,
+                    strict=self.strict,
                 )
         return self._program

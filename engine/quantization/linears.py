@@ -22,6 +22,7 @@ def quantize(
     scheme: str,
     group_size: int,
     dynamic_shapes: Any = None,
+    strict: bool = False,
 ) -> torch.export.ExportedProgram:
     """A copy of `module` with its linears quantized by `scheme`, exported.
 
@@ -56,6 +57,12 @@ def quantize(
         return not grouped or layer.in_features % group_size == 0
 
     quantize_(model, config, filter_fn=linear)
+    # torchao's quantized weights are tensor subclasses; as ExecuTorch's own export stages
+    # do, they become parametrizations over plain tensors before export, or decomposing a
+    # program that also mutates buffers (a static KV cache) fails in AOTAutograd.
+    from torchao.utils import unwrap_tensor_subclass
+
+    unwrap_tensor_subclass(model)
     return torch.export.export(
-        model, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
+        model, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=strict
     )

@@ -204,3 +204,40 @@ def test_int8_bert_encoder_is_twice_smaller_on_executorch_within_the_budget(
     assert entry.passed is True and entry.samples == 4
     assert entry.cosine is not None and entry.cosine >= 0.99
     assert [o.path for o in entry.outputs] == ["['last_hidden_state']"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two conversions of a generation-ready LLM on 2 shared cores
+def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(tmp_path: Path) -> None:
+    pytest.importorskip("executorch")
+    from tests.engine.test_checkpoints import export, zip_directory
+    from tests.engine.test_generation import TEXT_GENERATION, llama
+
+    archive = zip_directory(llama(tmp_path), tmp_path / "model.zip")
+    options = {
+        **TEXT_GENERATION,
+        "verify": {"roundtrip": False, "samples": 0},
+        "decomposition": {"mode": "none"},
+        "generation": {"max_new_tokens": 6},
+        "targets": ["executorch"],
+        "quantize": {"scheme": "8da4w"},
+        "profile": {"enabled": False},
+    }
+    report = export(tmp_path, archive, options).report
+    assert report.status == "succeeded", report.error
+    assert report.generation is not None and report.generation.check is not None
+    pte = report.targets["executorch"]
+    assert pte.status == "succeeded", pte.error
+    assert report.quantization is not None and report.quantization.group_size == 32
+    entry = report.quantization.targets["executorch"]
+    assert entry.measured is True and entry.generation is not None
+    tokens = report.generation.check.max_new_tokens
+    assert entry.generation.max_new_tokens == tokens == 6
+    assert entry.generation.expected == report.generation.check.expected
+    assert len(entry.generation.generated) == tokens
+    leading = 0
+    for got, want in zip(entry.generation.generated, entry.generation.expected, strict=True):
+        if got != want:
+            break
+        leading += 1
+    assert entry.generation.matched == leading
