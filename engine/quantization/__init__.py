@@ -13,7 +13,6 @@ target that needs one asks. Everything runs in the job's own (sandboxed) process
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +94,7 @@ class Quantizing:
                 from engine.quantization import linears
 
                 self._program = linears.quantize(
-                    copy.deepcopy(self.pristine),
+                    self.pristine,  # linears.quantize quantizes its own copy
                     self.args,
                     self.kwargs,
                     scheme=self.scheme,
