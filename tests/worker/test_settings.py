@@ -11,7 +11,8 @@ from worker.sandbox.settings import SandboxSettings
 from worker.settings import WorkerSettings
 
 
-def test_the_sandbox_settings_are_the_sandboxs_own_model() -> None:
+def test_the_sandbox_settings_are_the_sandboxs_own_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHPORT_SANDBOX_WARM_LIBRARIES", raising=False)  # tests/conftest.py
     field = WorkerSettings.model_fields["sandbox"]
     assert field.annotation is SandboxSettings
     assert WorkerSettings().sandbox == SandboxSettings()
@@ -32,6 +33,7 @@ def test_the_environment_reaches_the_sandbox(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TORCHPORT_QUEUES", "gpu")
     monkeypatch.setenv("TORCHPORT_CUDA_VISIBLE_DEVICES", "1")
     monkeypatch.setenv("TORCHPORT_MAX_ARTIFACT_BYTES", "4096")
+    monkeypatch.setenv("TORCHPORT_SANDBOX_WARM_LIBRARIES", '["transformers"]')
     settings = WorkerSettings()
     sandbox = settings.sandbox_settings()
     assert (sandbox.disk_mb, sandbox.max_inodes, sandbox.spares) == (123, 456, False)
@@ -39,6 +41,7 @@ def test_the_environment_reaches_the_sandbox(monkeypatch: pytest.MonkeyPatch) ->
     assert sandbox.gpu is True
     assert sandbox.cuda_visible_devices == "1"
     assert settings.max_artifact_bytes == 4096
+    assert sandbox.warm_libraries == ["transformers"]
 
 
 @pytest.mark.parametrize(
