@@ -51,6 +51,7 @@ def quantize(
                 per_channel=True,
                 weight_type=QuantType.QInt8,
                 use_external_data_format=external,
+                nodes_to_exclude=_batched_weight_matmuls(float_path),
             )
             return path
         feeds = [_feed(input_names, each) for each in calibration]
@@ -75,6 +76,31 @@ def quantize(
         return path
     finally:
         float_path.unlink(missing_ok=True)
+
+
+def _batched_weight_matmuls(path: Path) -> list[str]:
+    """MatMul nodes whose B is a constant of rank 3 or more (a `bmm` against a stacked
+    weight): ONNX Runtime's DynamicQuantizeMatMul takes per-channel parameters of a 2-D B
+    only and fails at run time on the others ("b zero point is not valid"), so they stay
+    float. Reads the graph without the external weights."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    ranks = {tensor.name: len(tensor.dims) for tensor in graph.initializer}
+    constants = {
+        output: len(attribute.t.dims)
+        for node in graph.node
+        if node.op_type == "Constant"
+        for attribute in node.attribute
+        if attribute.name == "value"
+        for output in node.output
+    }
+    ranks.update(constants)
+    return [
+        node.name
+        for node in graph.node
+        if node.op_type == "MatMul" and len(node.input) > 1 and ranks.get(node.input[1], 2) > 2
+    ]
 
 
 def _feed(names: Sequence[str], inputs: Inputs) -> dict[str, Any]:

@@ -40,7 +40,16 @@ def quantize(
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    quantizer = XNNPACKQuantizer().set_global(
+    class FloatOnlyQuantizer(XNNPACKQuantizer):
+        """ExecuTorch's XNNPACK quantizer, its scalar-to-tensor transform kept to floating
+        adds and muls: upstream's turns the scalar of every `add`/`mul` into a float32
+        tensor, so an integer index (transformers' masks: `arange(n) + offset`) becomes
+        float and `aten.index` then fails ("tensors used as indices must be long")."""
+
+        def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            return _scalars_to_attributes(model)
+
+    quantizer = FloatOnlyQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
     )
     prepared = prepare_pt2e(traced.module(), quantizer)
@@ -53,3 +62,32 @@ def quantize(
     return torch.export.export(
         converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
     )
+
+
+def _scalars_to_attributes(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The scalar operands of floating `add`/`mul` nodes as float tensor attributes (so the
+    quantizer can observe them), integer arithmetic left alone."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
+
+    targets = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+    for node in list(model.graph.nodes):
+        value = node.meta.get("val")
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        if not isinstance(value, FakeTensor) or not value.dtype.is_floating_point:
+            continue
+        operands = list(node.args)
+        for index, operand in enumerate(operands):
+            if isinstance(operand, torch.fx.Node) or not isinstance(operand, int | float):
+                continue
+            name = get_new_attr_name_with_prefix("_tensor_constant_")(model)
+            constant = torch.tensor(float(operand))
+            model.register_buffer(name, constant)
+            with model.graph.inserting_before(node):
+                attribute = model.graph.create_node("get_attr", name, (), {})
+            attribute.meta["val"] = value.fake_mode.from_tensor(constant, static_shapes=True)
+            operands[index] = attribute
+        node.args = tuple(operands)
+    model.recompile()
+    return model

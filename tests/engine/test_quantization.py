@@ -241,3 +241,29 @@ def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(tmp_path: Path
             break
         leading += 1
     assert entry.generation.matched == leading
+
+
+def test_int8_dynamic_onnx_leaves_matmuls_by_stacked_weights_float(tmp_path: Path) -> None:
+    """ONNX Runtime's DynamicQuantizeMatMul fails at run time on a per-channel 3-D weight
+    ("b zero point is not valid"): such MatMuls stay float, the 2-D linear is quantized."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    result = export_file(
+        tmp_path,
+        "quant_batched_weights.py",
+        {
+            "targets": ["onnx"],
+            "quantize": {"scheme": "int8_dynamic"},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    target = report.targets["onnx"]
+    assert target.status == "succeeded", target.error
+    assert report.quantization is not None
+    assert report.quantization.targets["onnx"].passed is True
+    ops = [node.op_type for node in onnx.load(str(result.artifacts["model.onnx"])).graph.node]
+    assert "MatMul" in ops  # the stacked weight's, float
+    assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops  # the linear's

@@ -15,5 +15,11 @@ config = BertConfig(
     max_position_embeddings=64,
 )
 model = BertModel(config, add_pooling_layer=False).eval()
-example_kwargs = {"input_ids": torch.randint(0, 128, (2, 16))}
-dynamic_shapes = {"input_ids": {1: Dim("sequence_length", min=2, max=32)}}
+# With the attention mask, as encoders are called: transformers builds the 4-D mask from
+# integer arithmetic (`arange + offset`) that PT2E must leave integer.
+example_kwargs = {
+    "input_ids": torch.randint(0, 128, (2, 16)),
+    "attention_mask": torch.ones(2, 16, dtype=torch.long),
+}
+sequence = Dim("sequence_length", min=2, max=32)
+dynamic_shapes = {"input_ids": {1: sequence}, "attention_mask": {1: sequence}}
