@@ -3,7 +3,8 @@
     python bench/quantize.py [--models quant_cnn.py] [--schemes int8,int8_dynamic]
         [--targets onnx,executorch] [--runs 20] [--json OUT]
 
-For each model file (under tests/models/) the whole pipeline (`engine.pipeline.run_export`,
+For each model file (a path, or a name under tests/models/; the real-model suite's are
+`bench/model_suite/hf_resnet.py` and so on) the whole pipeline (`engine.pipeline.run_export`,
 in this process, no sandbox) runs once with `quantize: none` and once per scheme, with
 the targets and `profile` on; per target and scheme it prints the artifact's size and
 its p50 latency at the worker's threads (`report.profile`) as ratios of the float
@@ -31,6 +32,15 @@ from schemas import ExportOptions, ReportDocument  # noqa: E402
 MODELS = ROOT / "tests" / "models"
 
 
+def model_path(model: str) -> Path:
+    """`model` as given when that file exists (relative to here or the project), else
+    under tests/models/."""
+    for candidate in (Path(model), ROOT / model):
+        if candidate.is_file():
+            return candidate
+    return MODELS / model
+
+
 def export(model: str, scheme: str, targets: list[str], runs: int, tmp: Path) -> ReportDocument:
     """One export of `model` with `scheme`, its targets profiled."""
     options = ExportOptions.model_validate(
@@ -43,7 +53,7 @@ def export(model: str, scheme: str, targets: list[str], runs: int, tmp: Path) ->
     )
     out = tmp / f"{Path(model).stem}-{scheme}"
     request = ExportRequest(
-        upload=Upload(model=MODELS / model), options=options, out_dir=out, work_dir=out / "work"
+        upload=Upload(model=model_path(model)), options=options, out_dir=out, work_dir=out / "work"
     )
     return run_export(request).report
 
@@ -154,7 +164,7 @@ def main() -> int:
             base = export(model, "none", targets, args.runs, Path(tmp))
             for scheme in args.schemes.split(","):
                 quantized = export(model, scheme, targets, args.runs, Path(tmp))
-                found += rows(model, scheme, base, quantized)
+                found += rows(Path(model).stem, scheme, base, quantized)
     print(table(found))
     if args.json:
         args.json.write_text(json.dumps(found, indent=2))
