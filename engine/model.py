@@ -20,6 +20,8 @@ class Upload:
     model: Path
     inputs: Path | None = None
     weights: Path | None = None
+    calibration: Path | None = None
+    """Calibration inputs of `quantize.scheme: int8` (engine.calibration)."""
 
 
 @dataclass
@@ -48,6 +50,8 @@ class LoadedModel:
     generation: Generation | None = None
     """For a generation-ready `text-generation` checkpoint: what the generation check
     needs (`module` is then transformers' static-cache wrapper)."""
+    calibration: list[Any] | None = None
+    """The `calibration` upload's samples, checked against the example (engine.calibration)."""
     strict: bool | None = None
     """The tracing mode this model needs whatever `options.strict` says (the static
     cache's buffers alias the cache's tensors: only strict tracing sees them mutate)."""

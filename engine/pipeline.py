@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from engine import (
+    calibration,
     decomposition,
     diagnostics,
     documents,
@@ -219,6 +220,12 @@ def _export(
             request.upload, options, request.work_dir, reference=False, libraries=run.libraries
         )
         run.sections["checkpoint"] = loaded.checkpoint
+        if request.upload.calibration is not None:
+            loaded.calibration = calibration.read(
+                request.upload.calibration,
+                (loaded.args, loaded.kwargs),
+                options.quantize.scheme,
+            )
         # Before the eager run and portability wrapping: the inputs as the user gave them,
         # in the report even when the model then fails (the dynamic-shapes editor needs them).
         run.sections["inputs"] = inputs.summarize_inputs(

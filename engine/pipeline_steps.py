@@ -152,18 +152,22 @@ def quantizing_for(
     loaded: LoadedModel,
     dynamic_shapes: Any,
 ) -> Any:
-    """The job's `engine.quantization.Quantizing` (calibrated on the example and the
-    verification samples), or None when option `quantize` asks for none."""
+    """The job's `engine.quantization.Quantizing` (calibrated on the `calibration` upload,
+    or else on the example and the verification samples), or None when option `quantize`
+    asks for none.
+
+    Raises:
+        InvalidInputs: a calibration sample the traced program cannot take."""
     options = run.request.options
     if options.quantize.scheme == "none":
         return None
+    from engine.calibration import calibration_inputs
     from engine.quantization import Quantizing
-    from engine.sampling import draw_samples
 
-    calibration = [(loaded.args, loaded.kwargs)]
-    for _, _, drawn in draw_samples(traced, loaded.args, loaded.kwargs, options.verify.samples, 0):
-        if not isinstance(drawn, str):
-            calibration.append(drawn)
+    example = (loaded.args, loaded.kwargs)
+    calibration, source = calibration_inputs(
+        traced, example, loaded.calibration, options.verify.samples
+    )
     quantizing = Quantizing(
         options=options.quantize,
         traced=traced,
@@ -172,6 +176,7 @@ def quantizing_for(
         kwargs=loaded.kwargs,
         dynamic_shapes=dynamic_shapes,
         calibration=calibration,
+        calibration_source=source,
         strict=bool(loaded.strict),
     )
     run.sections["quantization"] = quantizing.report

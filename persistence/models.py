@@ -94,6 +94,8 @@ class Job(Base):
     inputs_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
     weights_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     weights_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    calibration_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    calibration_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
@@ -128,6 +130,7 @@ class Job(Base):
         Index("ix_jobs_model_sha256", "model_sha256"),
         Index("ix_jobs_inputs_sha256", "inputs_sha256"),
         Index("ix_jobs_weights_sha256", "weights_sha256"),
+        Index("ix_jobs_calibration_sha256", "calibration_sha256"),
     )
 
 

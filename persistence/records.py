@@ -52,6 +52,8 @@ def record_spec(job: Job, spec: JobSpec) -> None:
     job.inputs_name = uploads.inputs.name if uploads.inputs else None
     job.weights_sha256 = uploads.weights.sha256 if uploads.weights else None
     job.weights_name = uploads.weights.name if uploads.weights else None
+    job.calibration_sha256 = uploads.calibration.sha256 if uploads.calibration else None
+    job.calibration_name = uploads.calibration.name if uploads.calibration else None
 
 
 def job_uploads(job: Job) -> JobUploads:
@@ -66,6 +68,7 @@ def job_uploads(job: Job) -> JobUploads:
         model=model,
         inputs=ref(job.inputs_name, job.inputs_sha256),
         weights=ref(job.weights_name, job.weights_sha256),
+        calibration=ref(job.calibration_name, job.calibration_sha256),
     )
 
 
@@ -113,6 +116,7 @@ def to_public(job: Job) -> JobPublic:
         model_name=job.model_name,
         inputs_name=job.inputs_name,
         weights_name=job.weights_name,
+        calibration_name=job.calibration_name,
         expired_at=job.expired_at,
     )
 

@@ -102,6 +102,7 @@ def _referenced(expire_before: datetime | None) -> ColumnElement[bool]:
         exists().where(live, Job.model_sha256 == sha),
         exists().where(live, Job.inputs_sha256 == sha),
         exists().where(live, Job.weights_sha256 == sha),
+        exists().where(live, Job.calibration_sha256 == sha),
         exists().where(Artifact.sha256 == sha, Artifact.job_id == Job.id, live),
     )
 
@@ -199,6 +200,7 @@ def _held_by(owner_id: str) -> Select[tuple[str]]:
         select(Job.model_sha256.label("sha256")).where(live),
         select(Job.inputs_sha256).where(live, Job.inputs_sha256.is_not(None)),
         select(Job.weights_sha256).where(live, Job.weights_sha256.is_not(None)),
+        select(Job.calibration_sha256).where(live, Job.calibration_sha256.is_not(None)),
         select(Artifact.sha256).join(Job, Artifact.job_id == Job.id).where(live),
     ).subquery()
     return select(held.c.sha256)

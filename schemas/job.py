@@ -22,7 +22,7 @@ JOB_SPEC_VERSION: Literal[1] = 1
 """Version of `JobSpec`: a new field gets a default; a description of another version does
 not validate (`job-spec.schema.json`)."""
 
-UPLOAD_ROLES = ("model", "inputs", "weights")
+UPLOAD_ROLES = ("model", "inputs", "weights", "calibration")
 """The files of a job, in the order the form and the sandbox name them."""
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
@@ -38,11 +38,13 @@ class UploadRef(StrictModel):
 
 
 class JobUploads(StrictModel):
-    """The files of a job: the model, and optionally inputs and weights."""
+    """The files of a job: the model, and optionally inputs, weights and the calibration
+    inputs of `quantize.scheme: int8`."""
 
     model: UploadRef
     inputs: UploadRef | None = None
     weights: UploadRef | None = None
+    calibration: UploadRef | None = None
 
 
 class JobSpec(StrictModel):
@@ -137,6 +139,10 @@ class JobPublic(StrictModel):
     weights_name: str | None = Field(
         default=None, description="The uploaded weights file's name; null when none was uploaded."
     )
+    calibration_name: str | None = Field(
+        default=None,
+        description="The uploaded calibration file's name; null when none was uploaded.",
+    )
     expired_at: datetime | None = Field(
         default=None,
         description="When the job's uploads and artifacts were deleted, its retention time "
@@ -169,6 +175,7 @@ class JobSummary(StrictModel):
     model_name: str | None = None
     inputs_name: str | None = None
     weights_name: str | None = None
+    calibration_name: str | None = None
     expired_at: datetime | None = Field(
         default=None, description="When the job's files were deleted; null while kept."
     )

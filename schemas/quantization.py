@@ -92,6 +92,11 @@ class QuantizationReport(StrictModel):
     calibration_samples: int | None = Field(
         default=None, description="Inputs `int8` was calibrated on."
     )
+    calibration_source: Literal["upload", "samples"] | None = Field(
+        default=None,
+        description="Where `int8`'s calibration inputs came from: the job's `calibration` "
+        "upload, or the example and the verification samples.",
+    )
     targets: dict[str, QuantizedTarget] = Field(
         default_factory=dict, description="By target name, as `report.targets`."
     )

@@ -53,16 +53,20 @@ def engine_fingerprint() -> str:
 
 def cache_key(spec: JobSpec, fingerprint: str) -> str:
     """SHA-256 over the uploads' digests, the options (all of them shape the result; the
-    callback URL is the job's, not the options') and the versions."""
+    callback URL is the job's, not the options') and the versions. A calibration file
+    counts only when there is one, so the keys of jobs without one are as they were."""
     uploads = spec.uploads
+    fields: dict[str, object] = {
+        "model": uploads.model.sha256,
+        "inputs": uploads.inputs.sha256 if uploads.inputs else None,
+        "weights": uploads.weights.sha256 if uploads.weights else None,
+        "options": spec.options.model_dump(mode="json"),
+        "engine": fingerprint,
+    }
+    if uploads.calibration is not None:
+        fields["calibration"] = uploads.calibration.sha256
     material = json.dumps(
-        {
-            "model": uploads.model.sha256,
-            "inputs": uploads.inputs.sha256 if uploads.inputs else None,
-            "weights": uploads.weights.sha256 if uploads.weights else None,
-            "options": spec.options.model_dump(mode="json"),
-            "engine": fingerprint,
-        },
+        fields,
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -366,7 +370,7 @@ class StoredUpload:
 
 
 def find_upload(job: Job, field: str) -> StoredUpload:
-    """The job's upload in `field` (`model`, `inputs`, `weights`), at any status.
+    """The job's upload in `field` (one of `UPLOAD_ROLES`), at any status.
 
     Raises:
         NotFound: another field name, or nothing was uploaded in that field.

@@ -36,6 +36,7 @@ SUMMARY_COLUMNS = (
     Job.model_name,
     Job.inputs_name,
     Job.weights_name,
+    Job.calibration_name,
     Job.expired_at,
 )
 """The columns of `JobSummary` as they are stored (its `error` is read by `_error_code`, its

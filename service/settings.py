@@ -21,6 +21,9 @@ class ServiceSettings(CommonSettings):
     max_model_bytes: int = Field(default=16 * 2**20, gt=0, description="Limit of `model`.")
     max_inputs_bytes: int = Field(default=256 * 2**20, gt=0, description="Limit of `inputs`.")
     max_weights_bytes: int = Field(default=4 * 2**30, gt=0, description="Limit of `weights`.")
+    max_calibration_bytes: int = Field(
+        default=512 * 2**20, gt=0, description="Limit of `calibration`."
+    )
     max_checkpoint_bytes: int = Field(
         default=4 * 2**30,
         gt=0,
@@ -130,6 +133,7 @@ class ServiceSettings(CommonSettings):
             "model": self.max_model_bytes,
             "inputs": self.max_inputs_bytes,
             "weights": self.max_weights_bytes,
+            "calibration": self.max_calibration_bytes,
             "options": self.max_options_bytes,
             "callback_url": 4 * CALLBACK_URL_MAX_LENGTH,
         }

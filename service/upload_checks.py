@@ -20,11 +20,18 @@ from service import archives
 from service.errors import InvalidRequest, UploadTooLarge
 from service.uploads import UploadedForm
 
-__all__ = ["INPUTS_SUFFIXES", "MODEL_SUFFIXES", "WEIGHTS_SUFFIXES", "validate_uploads"]
+__all__ = [
+    "CALIBRATION_SUFFIXES",
+    "INPUTS_SUFFIXES",
+    "MODEL_SUFFIXES",
+    "WEIGHTS_SUFFIXES",
+    "validate_uploads",
+]
 
 MODEL_SUFFIXES = (".py", ".zip")
 INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
 WEIGHTS_SUFFIXES = (".safetensors", ".pt")
+CALIBRATION_SUFFIXES = (".safetensors", ".pt", ".json")
 
 
 def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> None:
@@ -54,6 +61,8 @@ def validate_uploads(form: UploadedForm, options: ExportOptions, *, max_model_by
     _check_suffix(form, "model", MODEL_SUFFIXES)
     _check_suffix(form, "inputs", INPUTS_SUFFIXES)
     _check_suffix(form, "weights", WEIGHTS_SUFFIXES)
+    _check_suffix(form, "calibration", CALIBRATION_SUFFIXES)
+    _check_calibration_scheme(form, options)
     if model.size == 0:
         raise InvalidRequest("the `model` file is empty", details={"field": "model"})
     if model.filename.lower().endswith(".py"):
@@ -67,6 +76,18 @@ def validate_uploads(form: UploadedForm, options: ExportOptions, *, max_model_by
             ) from exc
         return
     _validate_zip(model.path, model.size, options.entry, max_model_bytes)
+
+
+def _check_calibration_scheme(form: UploadedForm, options: ExportOptions) -> None:
+    """Calibration inputs are what static `int8` observes; no other scheme reads them."""
+    scheme = options.quantize.scheme
+    if "calibration" in form.files and scheme != "int8":
+        raise InvalidRequest(
+            f"a calibration file is read only by quantize.scheme int8, not {scheme}",
+            hint='Set options {"quantize": {"scheme": "int8"}}, or leave the calibration '
+            "file out (int8_dynamic and the weight-only schemes need none).",
+            details={"field": "calibration", "reason": "calibration_unused", "scheme": scheme},
+        )
 
 
 def _check_model_size(size: int, max_model_bytes: int) -> None:

@@ -293,12 +293,19 @@ class Client:
         weights: str | os.PathLike[str] | None = None,
         options: dict[str, Any] | str | os.PathLike[str] | None = None,
         callback_url: str | None = None,
+        calibration: str | os.PathLike[str] | None = None,
     ) -> Job:
         """Upload a model (and optional inputs, weights, options, the URL POSTed the job
-        when it ends); returns the job."""
+        when it ends, calibration inputs for `quantize.scheme: int8`); returns the job."""
         files = {}
+        uploads = (
+            ("model", model),
+            ("inputs", inputs),
+            ("weights", weights),
+            ("calibration", calibration),
+        )
         with contextlib.ExitStack() as stack:
-            for field, path in (("model", model), ("inputs", inputs), ("weights", weights)):
+            for field, path in uploads:
                 if path is None:
                     continue
                 handle = stack.enter_context(Path(path).open("rb"))

@@ -58,7 +58,16 @@ def render_job(job: JobPublic, console: Console) -> None:
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
-    uploads = ", ".join(n for n in (job.model_name, job.inputs_name, job.weights_name) if n)
+    uploads = ", ".join(
+        n
+        for n in (
+            job.model_name,
+            job.inputs_name,
+            job.weights_name,
+            job.calibration_name,
+        )
+        if n
+    )
     rows: list[tuple[str, str]] = [
         ("job", job.id),
         ("status", status_text(job.status) + (f" ({job.stage})" if job.stage else "")),

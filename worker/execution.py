@@ -199,6 +199,9 @@ def sandbox_job(context: WorkerContext, claimed: ClaimedJob, job_dir: Path) -> A
         weights=StoredUpload(context.store, uploads.weights) if uploads.weights else None,
         options=claimed.spec.options,
         job_dir=job_dir,
+        calibration=(
+            StoredUpload(context.store, uploads.calibration) if uploads.calibration else None
+        ),
     )
 
 

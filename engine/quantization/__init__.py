@@ -42,7 +42,8 @@ class Quantizing:
         pristine: the float eager module, never run itself (copied).
         args, kwargs: the example inputs.
         dynamic_shapes: the torch spec the program was exported with.
-        calibration: the inputs static `int8` is calibrated on (the example first).
+        calibration: the inputs static `int8` is calibrated on: the `calibration` upload's
+            (`calibration_source` "upload"), or the example and the verification samples.
         strict: re-export a torchao-quantized copy in strict mode (the model's own
             `strict`: a generation-ready LLM's static KV cache needs it).
         report: `report.quantization`, filled in by each target.
@@ -55,6 +56,7 @@ class Quantizing:
     kwargs: dict[str, Any]
     dynamic_shapes: Any = None
     calibration: list[Inputs] = field(default_factory=list)
+    calibration_source: str = "samples"
     strict: bool = False
     report: QuantizationReport | None = None
     _program: torch.export.ExportedProgram | None = None
@@ -68,6 +70,7 @@ class Quantizing:
             max_abs=self.options.max_abs,
             group_size=self.options.group_size if grouped else None,
             calibration_samples=len(self.calibration) if self.options.scheme == "int8" else None,
+            calibration_source=self.calibration_source if self.options.scheme == "int8" else None,
         )
 
     @property

@@ -83,6 +83,12 @@ UPLOAD_BODY: dict[str, Any] = {
                         "format": "binary",
                         "description": "A state dict: .safetensors or .pt.",
                     },
+                    "calibration": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Calibration inputs for quantize.scheme int8: a list "
+                        "of example inputs as .safetensors, .pt or .json.",
+                    },
                     "options": {
                         "type": "string",
                         "description": "ExportOptions as a JSON string (see options.schema.json).",
@@ -422,7 +428,7 @@ def _upload_headers(name: str, sha256: str, size: int) -> dict[str, str]:
                 "application/zip": {},
                 "application/octet-stream": {},
             },
-            "description": "The file as uploaded: `model`, `inputs` or `weights`.",
+            "description": "The file as uploaded: `model`, `inputs`, `weights` or `calibration`.",
         },
         **error_responses(NotFound, Expired, Unauthorized, RateLimited),
     },
@@ -430,7 +436,8 @@ def _upload_headers(name: str, sha256: str, size: int) -> dict[str, str]:
 def download_upload(
     job_id: str, field: str, session: SessionDep, state: StateDep, caller: CallerDep
 ) -> Response:
-    """The bytes of the job's `model`, `inputs` or `weights` upload, streamed as stored.
+    """The bytes of the job's `model`, `inputs`, `weights` or `calibration` upload,
+    streamed as stored.
 
     Nothing is parsed or unpickled: the API serves bytes. Available at any job status.
     """

@@ -24,7 +24,7 @@ __all__ = ["STATIC_DIR", "mount", "render_index"]
 STATIC_DIR = Path(__file__).parent / "static"
 """HTML, CSS, scripts and the vendored bundle served under `/web/`."""
 
-_LIMIT_FIELDS = ("model", "inputs", "weights", "options", "checkpoint")
+_LIMIT_FIELDS = ("model", "inputs", "weights", "calibration", "options", "checkpoint")
 TASKS = list(get_args(TaskName))
 """The checkpoint tasks the form offers, as the options' `task` names them."""
 

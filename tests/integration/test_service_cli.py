@@ -110,6 +110,54 @@ def test_submit_prints_what_export_prints(server: Serve, tmp_path: Path) -> None
     assert (out / "report.json").is_file()
 
 
+def test_submit_with_calibration_through_the_worker(server: Serve, tmp_path: Path) -> None:
+    """`--calibration` travels as the `calibration` field, is stored, and reaches the
+    sandboxed job beside an inputs file of the same name; `int8` is calibrated on it."""
+    import safetensors.torch
+    import torch
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    inputs = tmp_path / "a" / "data.safetensors"
+    safetensors.torch.save_file({"args.0": torch.randn(3, 3, 32, 32)}, str(inputs))
+    calibration = tmp_path / "b" / "data.safetensors"
+    samples = {f"{n}.args.0": torch.randn(2, 3, 32, 32) for n in range(4)}
+    safetensors.torch.save_file(samples, str(calibration))
+    out = tmp_path / "out"
+    done = torchport(
+        "submit",
+        str(MODELS / "quant_cnn.py"),
+        "--inputs",
+        str(inputs),
+        "--calibration",
+        str(calibration),
+        "--target",
+        "onnx",
+        "--quantize",
+        "int8",
+        "--no-profile",
+        "--server",
+        server.url,
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job = json.loads(done.stdout)
+    assert (job["inputs_name"], job["calibration_name"]) == ("data.safetensors",) * 2
+    report = json.loads((out / "report.json").read_text())
+    assert [leaf["shape"] for leaf in report["inputs"]] == [[3, 3, 32, 32]]
+    quantization = report["quantization"]
+    assert (quantization["calibration_source"], quantization["calibration_samples"]) == (
+        "upload",
+        4,
+    )
+    assert report["targets"]["onnx"]["status"] == "succeeded"
+    with Client(server.url) as client:
+        stored = client._send("GET", f"/v1/exports/{job['id']}/uploads/calibration")
+    assert stored.content == calibration.read_bytes()
+
+
 def test_python_client(server: Serve, tmp_path: Path) -> None:
     with Client(server.url) as client:
         model = tmp_path / "client_model.py"

@@ -77,11 +77,12 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, models: list[Path], err: Console) -> int:
     try:
         options = _options(args)
-        if len(models) > 1 and (args.inputs or args.weights):
+        if len(models) > 1 and (args.inputs or args.weights or args.calibration):
             raise _UsageError(
                 ErrorBody(
                     code="invalid_request",
-                    message="--inputs and --weights belong to one model; several were given.",
+                    message="--inputs, --weights and --calibration belong to one model; "
+                    "several were given.",
                     hint="Export models with their own inputs or weights one at a time.",
                     details={"models": [str(m) for m in models]},
                 )
@@ -94,7 +95,17 @@ def _run(args: argparse.Namespace, models: list[Path], err: Console) -> int:
                     details={"models": [str(m) for m in models]},
                 )
             )
-        for path in (*models, args.inputs, args.weights):
+        scheme = options.quantize.scheme
+        if args.calibration is not None and scheme != "int8":
+            raise _UsageError(
+                ErrorBody(
+                    code="invalid_request",
+                    message=f"--calibration is read only by --quantize int8, not {scheme}.",
+                    hint="Add --quantize int8, or leave --calibration out.",
+                    details={"argument": "--calibration", "reason": "calibration_unused"},
+                )
+            )
+        for path in (*models, args.inputs, args.weights, args.calibration):
             if path is not None and not path.is_file():
                 raise _UsageError(
                     ErrorBody(
@@ -231,7 +242,12 @@ class _Exporter:
         args = self.args
         with tempfile.TemporaryDirectory(prefix="torchport-") as work:
             request = ExportRequest(
-                upload=Upload(model=model, inputs=args.inputs, weights=args.weights),
+                upload=Upload(
+                    model=model,
+                    inputs=args.inputs,
+                    weights=args.weights,
+                    calibration=args.calibration,
+                ),
                 options=self.options,
                 out_dir=out,
                 work_dir=Path(work),
@@ -255,6 +271,7 @@ class _Exporter:
                 weights=args.weights.resolve() if args.weights else None,
                 options=self.options,
                 job_dir=Path(tmp),
+                calibration=args.calibration.resolve() if args.calibration else None,
             )
             result = self.runner.run(job, on_progress=on_progress)
             for name, path in result.artifacts.items():

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 model,
                 inputs=args.inputs,
                 weights=args.weights,
+                calibration=args.calibration,
                 options=options or None,
                 callback_url=args.callback_url,
             )

@@ -8,7 +8,8 @@ from typing import Any
 
 
 def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model, its inputs and weights files, and the export options (docs/contract.md §8)."""
+    """The model, its inputs, weights and calibration files, and the export options
+    (docs/contract.md §8)."""
     parser.add_argument(
         "model",
         type=Path,
@@ -30,6 +31,12 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--inputs", type=Path, help="example inputs: .safetensors, .pt or .json")
     parser.add_argument("--weights", type=Path, help="state dict: .safetensors or .pt")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        help="calibration inputs for --quantize int8: a list of example inputs as "
+        ".safetensors, .pt or .json (default: the example and the verification samples)",
+    )
     parser.add_argument("--options", help="export options: JSON text or a .json file")
     parser.add_argument("--dynamic-shapes", help="dynamic shapes: JSON text or a .json file")
     parser.add_argument("--strict", action="store_true", help="trace with strict=True")

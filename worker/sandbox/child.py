@@ -250,6 +250,7 @@ def run_export_job(root: str) -> int:
         model=Path(spec["model"]),
         inputs=Path(spec["inputs"]) if spec.get("inputs") else None,
         weights=Path(spec["weights"]) if spec.get("weights") else None,
+        calibration=Path(spec["calibration"]) if spec.get("calibration") else None,
     )
     request = pipeline.ExportRequest(
         upload=upload,

@@ -220,7 +220,10 @@ def run_unconfined(
         result = pipeline.run_export(
             pipeline.ExportRequest(
                 upload=Upload(
-                    model=files["model"], inputs=files.get("inputs"), weights=files.get("weights")
+                    model=files["model"],
+                    inputs=files.get("inputs"),
+                    weights=files.get("weights"),
+                    calibration=files.get("calibration"),
                 ),
                 options=options,
                 out_dir=job.job_dir / "out",

@@ -202,6 +202,8 @@ class SandboxJob:
     weights: Path | UploadSource | None
     options: ExportOptions
     job_dir: Path
+    calibration: Path | UploadSource | None = None
+    """Calibration inputs of `quantize.scheme: int8`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, ExportOptions):
@@ -211,7 +213,7 @@ class SandboxJob:
             )
 
     def uploads(self) -> dict[str, UploadSource]:
-        """The uploads by role (`model`, `inputs`, `weights`), the absent ones left out."""
+        """The uploads by role (`UPLOAD_ROLES`), the absent ones left out."""
         found: dict[str, UploadSource] = {}
         for role in UPLOAD_ROLES:
             source = getattr(self, role)

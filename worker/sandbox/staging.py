@@ -41,7 +41,12 @@ def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> None:
         if source is None:
             spec[role] = None
             continue
+        # The model under its own name (its module's); each other upload in a folder of
+        # its role, so an inputs and a calibration file of the same name both arrive.
         target = dirs["in"] / source.name
+        if role != "model":
+            target = dirs["in"] / role / source.name
+            target.parent.mkdir(mode=0o700)
         source.copy_to(target)
         spec[role] = str(target)
     spec["out_dir"], spec["work_dir"] = str(dirs["out"]), str(dirs["tmp"] / "work")
