@@ -59,7 +59,7 @@ class Quantizing:
     calibration_source: str = "samples"
     strict: bool = False
     report: QuantizationReport | None = None
-    _program: torch.export.ExportedProgram | None = None
+    _programs: dict[str, torch.export.ExportedProgram] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         grouped = self.options.scheme in ("int4_weight_only", "8da4w")
@@ -78,14 +78,16 @@ class Quantizing:
         """The scheme asked for."""
         return self.options.scheme
 
-    def program(self) -> torch.export.ExportedProgram:
-        """The quantized program (made on the first call), not decomposed: what ExecuTorch
-        lowers with XNNPACK."""
-        if self._program is None:
-            if self.scheme in PT2E_SCHEMES:
+    def program(self, target: str = "executorch") -> torch.export.ExportedProgram:
+        """The quantized program `target` converts (made on its first call, then shared),
+        not decomposed: PT2E's for ExecuTorch's `int8` / `int8_dynamic`, else torchao's
+        (AOTInductor's `int8_dynamic` too)."""
+        method = "pt2e" if self.scheme in PT2E_SCHEMES and target == "executorch" else "torchao"
+        if method not in self._programs:
+            if method == "pt2e":
                 from engine.quantization import pt2e
 
-                self._program = pt2e.quantize(
+                self._programs[method] = pt2e.quantize(
                     self.traced,
                     self.args,
                     self.kwargs,
@@ -96,7 +98,7 @@ class Quantizing:
             else:
                 from engine.quantization import linears
 
-                self._program = linears.quantize(
+                self._programs[method] = linears.quantize(
                     self.pristine,  # linears.quantize quantizes its own copy
                     self.args,
                     self.kwargs,
@@ -105,4 +107,4 @@ class Quantizing:
                     dynamic_shapes=self.dynamic_shapes,
                     strict=self.strict,
                 )
-        return self._program
+        return self._programs[method]

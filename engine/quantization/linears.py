@@ -1,4 +1,5 @@
-"""`int8_weight_only`, `int4_weight_only` and `8da4w` through torchao's `quantize_` on the
+"""`int8_weight_only`, `int4_weight_only` and `8da4w` (and AOTInductor's `int8_dynamic`:
+8-bit dynamic activations, per-channel int8 weights) through torchao's `quantize_` on the
 model's linears (embeddings stay float: ExecuTorch's XNNPACK lowering has no kernel for
 torchao's `dequantize_affine` outside a linear), with the configs ExecuTorch's
 `export_llm` uses for XNNPACK (`executorch.extension.llm.export.quantize`), then exported
@@ -40,7 +41,11 @@ def quantize(
     int4: torch.dtype = getattr(torch, "int4")  # noqa: B009 (torch's stubs lack it)
     grouped = scheme in ("int4_weight_only", "8da4w")
     config: Any
-    if scheme == "int8_weight_only":
+    if scheme == "int8_dynamic":  # AOTInductor's: 8-bit dynamic activations, int8 weights
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int8, weight_granularity=PerAxis(0)
+        )
+    elif scheme == "int8_weight_only":
         config = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
     elif scheme == "int4_weight_only":
         config = IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(group_size))

@@ -10,11 +10,13 @@ __all__ = ["METHODS", "TARGET_SCHEMES", "refusal", "takes"]
 TARGET_SCHEMES: dict[str, tuple[str, ...]] = {
     "executorch": ("int8", "int8_dynamic", "int8_weight_only", "int4_weight_only", "8da4w"),
     "onnx": ("int8", "int8_dynamic"),
-    "aoti": (),
+    "aoti": ("int8_dynamic", "int8_weight_only", "int4_weight_only", "8da4w"),
 }
-"""The schemes each target can take. AOTInductor has no CPU kernels for the quantized
-graphs torch 2.13 makes (PT2E's int8 max-pool runs as `aten::quantized_max_pool2d`, a
-QuantizedCPU-only kernel), so it takes none yet."""
+"""The schemes each target can take. AOTInductor takes torchao's linear schemes (inductor
+compiles their quantize/dequantize ops into the package: it runs with torch alone), its
+`int8_dynamic` being torchao's 8-bit dynamic activations with per-channel int8 weights;
+not static `int8`: it has no CPU kernel for PT2E's quantized graphs in torch 2.13 (the
+int8 max-pool runs as `aten::quantized_max_pool2d`, a QuantizedCPU-only kernel)."""
 
 METHODS: dict[tuple[str, str], str] = {
     ("executorch", "int8"): "pt2e XNNPACKQuantizer, static, per-channel symmetric weights",
@@ -26,6 +28,14 @@ METHODS: dict[tuple[str, str], str] = {
     "per group) on linears",
     ("executorch", "8da4w"): "torchao quantize_ Int8DynamicActivationIntxWeightConfig(int4, "
     "per group) on linears",
+    ("aoti", "int8_dynamic"): "torchao quantize_ Int8DynamicActivationIntxWeightConfig(int8, "
+    "per channel) on linears",
+    ("aoti", "int8_weight_only"): "torchao quantize_ IntxWeightOnlyConfig(int8, per channel) "
+    "on linears",
+    ("aoti", "int4_weight_only"): "torchao quantize_ IntxWeightOnlyConfig(int4, per group) "
+    "on linears",
+    ("aoti", "8da4w"): "torchao quantize_ Int8DynamicActivationIntxWeightConfig(int4, per "
+    "group) on linears",
     ("onnx", "int8"): "onnxruntime quantize_static, QDQ, per-channel weights",
     ("onnx", "int8_dynamic"): "onnxruntime quantize_dynamic, per-channel weights",
 }

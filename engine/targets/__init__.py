@@ -186,8 +186,8 @@ def run_target(
             raise TargetError(message, hint=hint, details=details)
         target = _module(name)
         source = traced if name == "executorch" else program
-        if quantizing is not None and name == "executorch":
-            source = quantizing.program()
+        if quantizing is not None and name in ("executorch", "aoti"):
+            source = quantizing.program(name)
         settings = _settings(name, options, program, pristine, args, kwargs, names)
         if onnx_external_threshold is not None and name == "onnx":
             settings["external_threshold"] = onnx_external_threshold

@@ -70,6 +70,7 @@ def test_an_artifact_outside_the_cosine_budget_fails_its_verification() -> None:
 def test_the_schemes_each_target_takes() -> None:
     assert takes("executorch", "8da4w") and takes("onnx", "int8_dynamic")
     assert not takes("onnx", "8da4w") and not takes("aoti", "int8")
+    assert takes("aoti", "int8_dynamic") and takes("aoti", "8da4w")
     assert all(takes(name, "none") for name in TARGET_SCHEMES)
 
 
@@ -267,3 +268,33 @@ def test_int8_dynamic_onnx_leaves_matmuls_by_stacked_weights_float(tmp_path: Pat
     ops = [node.op_type for node in onnx.load(str(result.artifacts["model.onnx"])).graph.node]
     assert "MatMul" in ops  # the stacked weight's, float
     assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops  # the linear's
+
+
+@pytest.mark.slow  # an AOTInductor compile (g++) on 2 shared cores
+def test_aoti_takes_torchaos_int8_dynamic_and_verifies_it(tmp_path: Path) -> None:
+    """AOTInductor's `int8_dynamic` is torchao's 8-bit dynamic activations with int8
+    weights on the linears; the package runs with torch alone and is judged by the
+    budget against float eager."""
+    pytest.importorskip("torchao")
+    result = export_file(
+        tmp_path,
+        "quant_mlp.py",
+        {
+            "targets": ["aoti"],
+            "targets_required": True,
+            "quantize": {"scheme": "int8_dynamic"},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    target = report.targets["aoti"]
+    assert target.status == "succeeded", target.error
+    assert target.verification is not None and target.verification.verdict == "verified"
+    assert report.quantization is not None
+    entry = report.quantization.targets["aoti"]
+    assert entry.method is not None and "Int8DynamicActivationIntxWeightConfig" in entry.method
+    assert entry.passed is True and entry.samples == 4
+    assert entry.cosine is not None and entry.cosine >= 0.99
+    assert entry.max_abs_error is not None and entry.max_abs_error > 0  # quantized, not float
