@@ -128,6 +128,8 @@ def test_the_artifacts_table_and_chart(page: Any, server: Server, tmp_path: Path
 def test_a_quantized_job_shows_accuracy_vs_float(page: Any, server: Server, tmp_path: Path) -> None:
     quantization = {  # by target name; the lowest cosine over the outputs is shown
         "scheme": "int8",
+        "calibration_source": "upload",
+        "calibration_samples": 5,
         "targets": {
             "executorch": {
                 "measured": True,
@@ -158,6 +160,10 @@ def test_a_quantized_job_shows_accuracy_vs_float(page: Any, server: Server, tmp_
         ["onnx", "cosine 0.9100", "false"],
         ["eager", "—", ""],
     ]
+    # Where int8 took its activation ranges from: the job's calibration file, 5 samples.
+    calibration = card.locator("[data-calibration]")
+    assert calibration.get_attribute("data-calibration") == "upload"
+    assert calibration.get_attribute("data-samples") == "5"
 
 
 def test_an_unprofiled_job_has_no_artifacts_card(page: Any, server: Server, tmp_path: Path) -> None:

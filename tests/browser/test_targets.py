@@ -255,6 +255,86 @@ def test_the_form_sends_the_chosen_targets(page: Any, server: Server, tmp_path: 
         httpx.delete(f"{server.url}v1/exports/{other}", timeout=10)
 
 
+def submitted_job(page: Any, server: Server) -> dict[str, Any]:
+    """Submit the form and wait for the job page: the job as the API has it."""
+    page.click("#submit")
+    page.wait_for_url(re.compile(r"#/jobs/[^/]+$"))
+    return server.api(f"v1/exports/{page.url.rsplit('/', 1)[1]}")
+
+
+def test_the_form_sends_a_calibration_file_only_with_int8(
+    page: Any, server: Server, tmp_path: Path
+) -> None:
+    # Two samples for the seeded model, a ReLU: any float tensor fits it (its outputs are
+    # [2, 4] in the seeded reports). The job goes to the gpu queue, where nothing runs it.
+    calibration = tmp_path / "calib.json"
+    calibration.write_bytes(json.dumps([{"args": [{"shape": [2, 4]}]}] * 2).encode())
+    page.goto("/")
+    page.set_input_files("[data-testid=file-model]", str(unique_model(tmp_path)))
+    page.select_option("select[name=device]", "cuda")
+    assert page.is_hidden("#calibration-row")
+    page.check("input[data-target=executorch]")
+    assert page.is_hidden("#calibration-row")  # scheme none
+    page.select_option("#quantize", "int8")
+    assert page.is_visible("#calibration-row")
+    field = "[data-testid=file-calibration]"
+    assert page.get_attribute(field, "accept") == ".safetensors,.pt,.json"
+    page.select_option("#quantize", "int8_dynamic")
+    assert page.is_hidden("#calibration-row")
+    page.select_option("#quantize", "int8")
+    page.set_input_files(field, str(calibration))
+    assert page.locator("[data-zone=calibration] .file-name").text_content() == "calib.json"
+
+    # The same size check as the other files, against the server's `calibration` limit.
+    limits = json.loads(page.get_attribute("meta[name=torchport-limits]", "content") or "{}")
+    assert limits["calibration"] == 512 * 2**20
+    page.evaluate(
+        "n => { const m = document.querySelector('meta[name=torchport-limits]');"
+        " m.content = JSON.stringify({...JSON.parse(m.content), calibration: n}) }",
+        calibration.stat().st_size - 1,
+    )
+    before = len(server.api("v1/exports?limit=100")["items"])
+    page.click("#submit")
+    codes = page.locator("#form-errors li").evaluate_all(
+        "items => items.map(i => [i.dataset.field, i.dataset.code])"
+    )
+    assert codes == [["calibration", "upload_too_large"]]
+    assert len(server.api("v1/exports?limit=100")["items"]) == before
+    page.evaluate(
+        "n => { const m = document.querySelector('meta[name=torchport-limits]');"
+        " m.content = JSON.stringify({...JSON.parse(m.content), calibration: n}) }",
+        limits["calibration"],
+    )
+
+    job = submitted_job(page, server)
+    try:
+        assert job["options"]["quantize"]["scheme"] == "int8"
+        assert job["calibration_name"] == "calib.json"
+        served = httpx.get(f"{server.url}v1/exports/{job['id']}/uploads/calibration", timeout=10)
+        assert served.status_code == 200 and served.content == calibration.read_bytes()
+        fact = page.locator("[data-fact=quantize]")
+        assert fact.get_attribute("data-calibration") == "calib.json"
+    finally:
+        httpx.delete(f"{server.url}v1/exports/{job['id']}", timeout=10)
+
+    # Attached, then int8_dynamic: the file is not sent (the API would refuse it).
+    page.goto("/")
+    page.set_input_files("[data-testid=file-model]", str(unique_model(tmp_path)))
+    page.select_option("select[name=device]", "cuda")
+    page.check("input[data-target=executorch]")
+    page.select_option("#quantize", "int8")
+    page.set_input_files(field, str(calibration))
+    page.select_option("#quantize", "int8_dynamic")
+    job = submitted_job(page, server)
+    try:
+        assert job["options"]["quantize"]["scheme"] == "int8_dynamic"
+        assert job["calibration_name"] is None
+        served = httpx.get(f"{server.url}v1/exports/{job['id']}/uploads/calibration", timeout=10)
+        assert served.status_code == 404
+    finally:
+        httpx.delete(f"{server.url}v1/exports/{job['id']}", timeout=10)
+
+
 def test_the_result_page_shows_each_target(page: Any, server: Server, tmp_path: Path) -> None:
     job_id, report = seed(server, tmp_path, failed=False)
     page.goto(f"/#/jobs/{job_id}")

@@ -13,8 +13,8 @@ export async function startAgain(job, navigate, changes = {}) {
   if (!same && job.model_name) {
     try {
       const fetchFile = (field) => (job[`${field}_name`] ? getUploadFile(job.id, field, job[`${field}_name`]) : null);
-      const [model, inputs, weights] = await Promise.all(["model", "inputs", "weights"].map(fetchFile));
-      same = { model, inputs, weights };
+      const [model, inputs, weights, calibration] = await Promise.all(["model", "inputs", "weights", "calibration"].map(fetchFile));
+      same = { model, inputs, weights, calibration };
     } catch {
       same = null;
     }

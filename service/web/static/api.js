@@ -45,11 +45,12 @@ async function getJson(path) {
   return response.json();
 }
 
-export function submitExport({ model, inputs, weights, options }) {
+export function submitExport({ model, inputs, weights, calibration, options }) {
   const form = new FormData();
   form.append("model", model, model.name);
   if (inputs) form.append("inputs", inputs, inputs.name);
   if (weights) form.append("weights", weights, weights.name);
+  if (calibration) form.append("calibration", calibration, calibration.name);
   if (options && Object.keys(options).length) form.append("options", JSON.stringify(options));
   return fetch("v1/exports", { method: "POST", body: form, headers: headers() })
     .then(check)
@@ -86,7 +87,7 @@ export function getArtifactJson(id, name) {
   return getJson(artifactUrl(id, name));
 }
 
-/** Where the API serves a job's uploaded file (`model`, `inputs`, `weights`) back. */
+/** Where the API serves a job's uploaded file (`model`, `inputs`, `weights`, `calibration`) back. */
 export function uploadUrl(id, field) {
   return `v1/exports/${encodeURIComponent(id)}/uploads/${encodeURIComponent(field)}`;
 }

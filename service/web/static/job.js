@@ -140,6 +140,10 @@ export function renderJob(root, id, navigate) {
       h("span", { "data-fact": "shapes", "data-shapes": shapes.source }, shapes.text),
       o.verify.enabled ? "verified" : "not verified",
       o.targets?.length ? `targets: ${o.targets.join(", ")}${o.targets_required ? " (required)" : ""}` : null,
+      o.quantize?.scheme && o.quantize.scheme !== "none"
+        ? h("span", { "data-fact": "quantize", "data-calibration": job.calibration_name || "" },
+          `quantize: ${o.quantize.scheme}${job.calibration_name ? `, calibrated on ${job.calibration_name}` : ""}`)
+        : null,
       o.device,
     ].filter(Boolean);
     fill(header,

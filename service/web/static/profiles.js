@@ -79,6 +79,21 @@ function orderText(threads, quantized) {
 }
 
 /**
+ * Where static int8 took its activation ranges from (report.quantization.calibration_source:
+ * the job's calibration upload, or the example and the verification samples), or null.
+ */
+function calibrationText(quantization) {
+  const source = quantization?.calibration_source;
+  if (!source) return null;
+  const n = quantization.calibration_samples;
+  const count = typeof n === "number" ? `${n} ` : "";
+  const text = source === "upload"
+    ? `${quantization.scheme} calibrated on ${count}uploaded samples (the job's calibration file).`
+    : `${quantization.scheme} calibrated on ${count}verification samples (the example and the verification samples).`;
+  return h("p", { class: "small muted", "data-calibration": source, "data-samples": typeof n === "number" ? String(n) : "" }, text);
+}
+
+/**
  * The artifacts card (report.profile): a table of artifacts × (size, p50 at 1 thread and at the
  * worker's threads, load time, memory added, verified, accuracy vs float when quantized) and the
  * chart of latency against size. Null when the job was not profiled.
@@ -109,6 +124,7 @@ export function artifactsCard(report) {
     h("p", { class: "muted" }, `Each artifact loaded as a deployment loads it and run on the example inputs on the worker: up to ${report.profile.runs} timed runs after ${report.profile.warmup} warm-up, at 1 thread and at ${threads}.`),
     table(columns, body, { class: "artifacts" }),
     h("p", { class: "small muted", "data-order": "verified,p50" }, orderText(threads, quantized)),
+    quantized ? calibrationText(report.quantization) : null,
     h("p", { class: "small muted", "data-machine": machine.cpu || machine.architecture },
       `Measured on ${machine.cpu || machine.architecture} (${isa}; torch ${machine.torch_capability || "default"} kernels), ${threads} threads${machine.cpus ? ` of ${machine.cpus} CPUs` : ""}.`),
     latencyChart(rows, threads));

@@ -5,7 +5,7 @@ const SOURCE = "torchport.source.";
 const MAX_SOURCE_CHARS = 1_000_000;
 
 export const uploads = {
-  /** Job id → the files this tab uploaded for it: {model, inputs, weights}. */
+  /** Job id → the files this tab uploaded for it: {model, inputs, weights, calibration}. */
   files: new Map(),
   /** A draft the upload form starts from (set by "export again" buttons). */
   draft: null,

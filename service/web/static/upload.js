@@ -1,4 +1,5 @@
-// The upload form: model, optional inputs and weights, the common options, dynamic shapes.
+// The upload form: model, optional inputs, weights and int8 calibration inputs, the common
+// options, dynamic shapes.
 import { h, fill, card, formatBytes } from "./dom.js";
 import { submitExport, ApiError } from "./api.js";
 import { checkDynamicShapes, dimensionEditor } from "./dynamic_shapes.js";
@@ -34,6 +35,7 @@ const KINDS = {
   model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, a .zip of a package, or a Hugging Face checkpoint: its save_pretrained folder (choose it below) or a .zip of it." },
   inputs: { label: "Example inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional; replaces `example_args`. .safetensors (args.0, kwargs.mask…), .pt or a .json spec." },
   weights: { label: "Weights", accept: [".safetensors", ".pt"], help: "Optional state dict, loaded with strict=True before export." },
+  calibration: { label: "Calibration inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional, int8 only: a list of example inputs int8 calibrates its activation ranges on (.safetensors <n>.args.<i>, a .pt list or a .json list of specs). Default: the example and the verification samples." },
 };
 
 function meta(name) {
@@ -73,7 +75,7 @@ export function renderUpload(root, navigate) {
   const draft = uploads.draft || {};
   uploads.draft = null;
   const options = draft.options || {};
-  const files = { model: draft.model || null, inputs: draft.inputs || null, weights: draft.weights || null };
+  const files = { model: draft.model || null, inputs: draft.inputs || null, weights: draft.weights || null, calibration: draft.calibration || null };
   const zones = {};
   const errors = h("ul", { class: "form-errors", id: "form-errors", hidden: true });
 
@@ -140,10 +142,12 @@ export function renderUpload(root, navigate) {
   quantize.id = "quantize";
   const quantizeRow = h("label", { class: "field", id: "quantize-row" }, "Quantize the targets", quantize,
     h("span", { class: "muted small" }, "Each quantized artifact is compared with your float model (cosine, max abs error, top-1, greedy tokens) and must stay within the budget, cosine ≥ 0.99 by default; program.pt2 stays float."));
+  // Only int8 reads a calibration file (the API refuses one with another scheme): hidden, it is not sent.
+  const calibrationRow = h("div", { class: "field", id: "calibration-row", hidden: true }, zones.calibration);
   const targetsFields = h("fieldset", { class: "targets", id: "targets" },
     h("legend", {}, "Deployment targets (besides program.pt2; each is run in its own runtime and verified against eager PyTorch)"),
     h("div", { class: "target-boxes" }, targetBoxes.map(([name, label, box]) => h("label", { class: "check" }, box, ` ${label}`))),
-    isaRow, quantizeRow, requiredRow);
+    isaRow, quantizeRow, calibrationRow, requiredRow);
 
   const shapesText = h("textarea", { name: "dynamic_shapes", id: "dynamic-shapes", rows: 5, spellcheck: "false", placeholder: '{"x": {"0": {"name": "batch", "min": 1, "max": 64}}, "y": {"0": "batch"}}' },
     options.dynamic_shapes ? JSON.stringify(options.dynamic_shapes, null, 1) : "");
@@ -186,12 +190,18 @@ export function renderUpload(root, navigate) {
     isaRow.hidden = !wanted.includes("aoti");
     requiredRow.hidden = wanted.length === 0;
     quantizeRow.hidden = wanted.length === 0;
+    calibrationRow.hidden = quantizeRow.hidden || quantize.value !== "int8";
+  }
+  /** The files to send: the calibration one only while its row shows (scheme int8). */
+  function sentFiles() {
+    return { ...files, calibration: calibrationRow.hidden ? null : files.calibration };
   }
   function checkedTargets() {
     return targetBoxes.filter(([, , box]) => box.checked).map(([name]) => name);
   }
   mode.addEventListener("change", refresh);
   verify.addEventListener("change", refresh);
+  quantize.addEventListener("change", refresh);
   for (const [, , box] of targetBoxes) box.addEventListener("change", refresh);
   refresh();
   // A model brought back by "Export again" is looked into as a chosen one is.
@@ -233,8 +243,9 @@ export function renderUpload(root, navigate) {
     submit.textContent = "Uploading…";
     try {
       const body = buildOptions();
-      const job = await submitExport({ model: files.model, inputs: files.inputs, weights: files.weights, options: body });
-      uploads.files.set(job.id, { model: files.model, inputs: files.inputs, weights: files.weights });
+      const { model, inputs, weights, calibration } = sentFiles();
+      const job = await submitExport({ model, inputs, weights, calibration, options: body });
+      uploads.files.set(job.id, { model, inputs, weights, calibration });
       await rememberSource(job.id, files.model);
       navigate(`#/jobs/${job.id}`);
     } catch (error) {
@@ -295,9 +306,10 @@ export function renderUpload(root, navigate) {
 
   function validate() {
     const problems = [];
+    const sent = sentFiles();
     if (!files.model) problems.push({ field: "model", code: "invalid_request", message: "Choose a model file (.py or .zip)." });
     for (const [kind, spec] of Object.entries(KINDS)) {
-      const file = files[kind];
+      const file = sent[kind];
       if (!file) continue;
       if (!spec.accept.includes(extensionOf(file.name))) {
         problems.push({ field: kind, code: "invalid_request", message: `${spec.label}: ${file.name} is not ${spec.accept.join(", ")}.` });
@@ -308,8 +320,11 @@ export function renderUpload(root, navigate) {
       }
       if (file.size === 0) problems.push({ field: kind, code: "invalid_request", message: `${spec.label}: ${file.name} is empty.` });
     }
-    if (files.inputs && extensionOf(files.inputs.name) === ".json" && zones.inputs.jsonError) {
-      problems.push({ field: "inputs", code: "invalid_request", message: `Example inputs: ${files.inputs.name} is not valid JSON (${zones.inputs.jsonError}).` });
+    for (const kind of ["inputs", "calibration"]) {
+      const file = sent[kind];
+      if (file && extensionOf(file.name) === ".json" && zones[kind].jsonError) {
+        problems.push({ field: kind, code: "invalid_request", message: `${KINDS[kind].label}: ${file.name} is not valid JSON (${zones[kind].jsonError}).` });
+      }
     }
     if (!entryRow.hidden && !entry.value.trim()) {
       problems.push({ field: "entry", code: "invalid_request", message: "A zip needs the entry file inside it, e.g. pkg/net.py." });
