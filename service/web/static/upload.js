@@ -24,11 +24,11 @@ const AOTI_ISAS = [
 /** Option `quantize.scheme`: which targets take each is in docs/targets.md. */
 const QUANTIZE_SCHEMES = [
   ["none", "none (default): float artifacts"],
-  ["int8", "int8: static int8, calibrated on the samples (executorch, onnx)"],
-  ["int8_dynamic", "int8_dynamic: int8 weights, activations at run time (executorch, onnx)"],
-  ["int8_weight_only", "int8_weight_only: torchao, linears (executorch)"],
-  ["int4_weight_only", "int4_weight_only: torchao, linears (executorch)"],
-  ["8da4w", "8da4w: 8-bit activations, 4-bit weights, LLM linears (executorch)"],
+  ["int8", "int8: static int8, calibrated on the samples or your file (executorch, onnx)"],
+  ["int8_dynamic", "int8_dynamic: int8 weights, activations at run time (executorch, onnx, aoti)"],
+  ["int8_weight_only", "int8_weight_only: torchao, linears (executorch, aoti)"],
+  ["int4_weight_only", "int4_weight_only: torchao, linears (executorch, aoti)"],
+  ["8da4w", "8da4w: 8-bit activations, 4-bit weights, LLM linears (executorch, aoti)"],
 ];
 
 const KINDS = {
