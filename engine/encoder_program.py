@@ -26,7 +26,7 @@ from engine.model import LoadedModel
 from schemas import EncoderReport, ExportOptions, VerificationReport
 
 if TYPE_CHECKING:
-    from engine.pipeline import RoundtripRunner
+    from engine.export_request import RoundtripRunner
 
 __all__ = ["ENCODER_PROGRAM", "failed", "make", "save", "verify"]
 

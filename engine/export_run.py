@@ -20,7 +20,7 @@ from engine.source_map import SourceMap
 from schemas import Progress, ReportWarning, StageRecord, TargetResult, TracingReport
 
 if TYPE_CHECKING:
-    from engine.pipeline import ExportRequest, ProgressCallback
+    from engine.export_request import ExportRequest, ProgressCallback
 
 __all__ = ["MAX_TORCH_WARNINGS", "QUIET_CATEGORIES", "ExportRun", "torch_warnings"]
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +41,17 @@ from engine import (
 from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_FILES, artifact_info
 from engine.dim_names import dim_names
 from engine.errors import ExportError, InternalError, SerializationFailed
+from engine.export_request import (
+    ExportRequest,
+    ExportResult,
+    ProgressCallback,
+    ReportHook,
+    RoundtripPrefetch,
+    RoundtripRunner,
+)
 from engine.export_run import MAX_TORCH_WARNINGS, QUIET_CATEGORIES, ExportRun
 from engine.export_run import torch_warnings as _torch_warnings
-from engine.model import LoadedModel, Upload
+from engine.model import LoadedModel
 from engine.pipeline_steps import (
     DRAFT_WORTHY,
     apply_portability,
@@ -67,9 +73,7 @@ from schemas import (
     EncoderReport,
     ErrorBody,
     ExportOptions,
-    Progress,
     ReportDocument,
-    RoundtripCheck,
     TargetResult,
     VerifyOptions,
 )
@@ -87,39 +91,6 @@ __all__ = [
     "run_export",
     "warm_up",
 ]
-
-
-ProgressCallback = Callable[[Progress], None]
-RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
-RoundtripPrefetch = Callable[[Path], None]
-ReportHook = Callable[[ReportDocument], None]
-
-
-@dataclass(frozen=True)
-class ExportRequest:
-    """What to export and where: artifacts go to `out_dir`, scratch files to `work_dir`."""
-
-    upload: Upload
-    options: ExportOptions
-    out_dir: Path
-    work_dir: Path
-    digest_artifacts: bool = True
-    """List the artifacts, with their SHA-256, in the report. The sandbox's job child
-    says no: the worker hashes the files it accepts from the child and lists them
-    itself (reading a big program twice is 3 ms for a transformer block's 3.4 MB)."""
-
-
-@dataclass
-class ExportResult:
-    """The report (always) and the artifacts written, by name."""
-
-    report: ReportDocument
-    artifacts: dict[str, Path] = field(default_factory=dict)
-
-    @property
-    def succeeded(self) -> bool:
-        """Whether the export produced a verified program."""
-        return self.report.status == "succeeded"
 
 
 def run_export(

@@ -48,7 +48,7 @@ from schemas import ReportWarning, VerificationReport, dynamic_shapes_adapter
 from schemas.text import without_surrogates
 
 if TYPE_CHECKING:
-    from engine.pipeline import RoundtripRunner
+    from engine.export_request import RoundtripRunner
 
 Document = TypeVar("Document", bound=BaseModel)
 

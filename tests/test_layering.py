@@ -236,7 +236,6 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 # Circles the restructurings left (issue 21, "keep the house"): listed so that no new one
 # appears and a removed one is struck off here; the list only shrinks.
 KNOWN_CIRCLES = {
-    "engine": [["encoder_program", "export_run", "pipeline", "pipeline_steps"]],
     "worker/sandbox": [
         ["loader", "spares", "toolchain", "zygote"],
         ["supervisor", "zygote_client"],

@@ -1,0 +1,53 @@
+"""What a caller hands the pipeline (`ExportRequest`, the callbacks) and gets back
+(`ExportResult`): the pipeline's modules (`pipeline`, `export_run`, `pipeline_steps`,
+`encoder_program`) depend on these types, and nothing here on them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.model import Upload
+from schemas import ExportOptions, Progress, ReportDocument, RoundtripCheck
+
+__all__ = [
+    "ExportRequest",
+    "ExportResult",
+    "ProgressCallback",
+    "ReportHook",
+    "RoundtripPrefetch",
+    "RoundtripRunner",
+]
+
+ProgressCallback = Callable[[Progress], None]
+RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
+RoundtripPrefetch = Callable[[Path], None]
+ReportHook = Callable[[ReportDocument], None]
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export and where: artifacts go to `out_dir`, scratch files to `work_dir`."""
+
+    upload: Upload
+    options: ExportOptions
+    out_dir: Path
+    work_dir: Path
+    digest_artifacts: bool = True
+    """List the artifacts, with their SHA-256, in the report. The sandbox's job child
+    says no: the worker hashes the files it accepts from the child and lists them
+    itself (reading a big program twice is 3 ms for a transformer block's 3.4 MB)."""
+
+
+@dataclass
+class ExportResult:
+    """The report (always) and the artifacts written, by name."""
+
+    report: ReportDocument
+    artifacts: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the export produced a verified program."""
+        return self.report.status == "succeeded"
