@@ -13,6 +13,7 @@ target that needs one asks. Everything runs in the job's own (sandboxed) process
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ from schemas.quantization import QuantizationReport
 __all__ = ["METHODS", "TARGET_SCHEMES", "Quantizing", "accuracy", "refusal", "takes"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+CHECKED_SAMPLES = 4
+"""Calibration samples static `int8` is checked on before a fallback is tried."""
 
 PT2E_SCHEMES = ("int8", "int8_dynamic")
 """The schemes quantized on the traced program by PT2E; the others quantize the module's
@@ -59,6 +63,9 @@ class Quantizing:
     calibration_source: str = "samples"
     strict: bool = False
     report: QuantizationReport | None = None
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)
+    """By target: what static `int8` left float after the full quantization missed the
+    budget on the calibration samples (`method` names it)."""
     _programs: dict[str, torch.export.ExportedProgram] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -94,6 +101,8 @@ class Quantizing:
                     dynamic=self.scheme == "int8_dynamic",
                     calibration=self.calibration,
                     dynamic_shapes=self.dynamic_shapes,
+                    accept=self._accepts_module(),
+                    fallbacks=self.fallbacks.setdefault(target, []),
                 )
             else:
                 from engine.quantization import linears
@@ -108,3 +117,40 @@ class Quantizing:
                     strict=self.strict,
                 )
         return self._programs[method]
+
+    def accepts_outputs(self, expected: Any, actual: Any) -> bool:
+        """Whether outputs `actual` are within the budget against float's `expected`."""
+        return accuracy.agrees(self.options, expected, actual)
+
+    def method(self, target: str) -> str | None:
+        """How `target` was quantized (`report.quantization.targets[target].method`)."""
+        method = METHODS.get((target, self.scheme))
+        notes = self.fallbacks.get(target)
+        return (
+            f"{method}; {', '.join(notes)} (the full int8 missed the budget)"
+            if (method and notes)
+            else method
+        )
+
+    def _accepts_module(self) -> Any:
+        """For static `int8`: whether a converted module is within the budget against the
+        float program on the first four calibration samples."""
+        if self.scheme != "int8":
+            return None
+        samples = self.calibration[:CHECKED_SAMPLES]
+
+        def run(module: Any, sample: Inputs) -> Any:
+            sample_args, sample_kwargs = copy.deepcopy(sample)
+            with torch.no_grad():
+                return module(*sample_args, **sample_kwargs)
+
+        float_module = self.traced.module()
+        expected = [run(float_module, sample) for sample in samples]
+
+        def accept(converted: torch.fx.GraphModule) -> bool:
+            return all(
+                self.accepts_outputs(want, run(converted, sample))
+                for want, sample in zip(expected, samples, strict=True)
+            )
+
+        return accept

@@ -31,7 +31,7 @@ from schemas.quantization import (
     QuantizedTarget,
 )
 
-__all__ = ["measure", "record_tokens", "within"]
+__all__ = ["agrees", "measure", "record_tokens", "within"]
 
 Runner = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
@@ -41,6 +41,23 @@ def within(options: QuantizeOptions, cosine: float | None, max_abs: float | None
     if options.max_abs is not None:
         return max_abs is not None and max_abs <= options.max_abs
     return cosine is not None and cosine >= options.min_cosine
+
+
+def agrees(options: QuantizeOptions, expected: Any, actual: Any) -> bool:
+    """Whether every floating output of `actual` (tensors or NumPy arrays, any pytree) is
+    within the budget against the one of `expected` at the same position."""
+    pairs = zip(pytree.tree_leaves(expected), pytree.tree_leaves(actual), strict=False)
+    for e, a in pairs:
+        e, a = torch.as_tensor(e), torch.as_tensor(a)
+        if not e.is_floating_point() or e.shape != a.shape:
+            continue
+        e, a = e.detach().double().flatten(), a.detach().double().flatten()
+        max_abs = float((e - a).abs().max()) if e.numel() else 0.0
+        norms = float(e.norm() * a.norm())
+        cosine = float(e.dot(a) / norms) if norms > 0 else float(torch.equal(e, a))
+        if not within(options, cosine, max_abs):
+            return False
+    return True
 
 
 def record_tokens(report: QuantizationReport | None, name: str, generated: GenerationCheck) -> None:

@@ -6,14 +6,19 @@ per-tensor, calibrated on the given inputs for `int8`, computed at run time for
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["quantize"]
+__all__ = ["LEFT_FLOAT", "quantize"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+LEFT_FLOAT = "add, mul and cat left float"
+"""What the fallback of static `int8` keeps float: with per-tensor activations the residual
+adds of a transformer (their outliers) cost most of its accuracy."""
 
 
 def quantize(
@@ -24,6 +29,8 @@ def quantize(
     dynamic: bool,
     calibration: Sequence[Inputs],
     dynamic_shapes: Any = None,
+    accept: Callable[[torch.fx.GraphModule], bool] | None = None,
+    fallbacks: list[str] | None = None,
 ) -> torch.export.ExportedProgram:
     """The program `traced` quantized, exported again (with the same dynamic shapes).
 
@@ -33,12 +40,41 @@ def quantize(
         dynamic: `int8_dynamic` (no calibration) rather than static `int8`.
         calibration: the inputs the observers see (the first alone for `int8_dynamic`).
         dynamic_shapes: the torch spec `traced` was exported with.
+        accept: for static `int8`, whether a converted module is accurate enough; when it
+            is not, the quantization is made again with adds, muls and concatenations
+            left float (`LEFT_FLOAT`, then appended to `fallbacks`).
     """
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    skipped = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.cat.default)
+    attempts: list[Callable[[torch.fx.Node], bool] | None] = [None]
+    if accept is not None and not dynamic:
+        attempts.append(lambda node: node.target not in skipped)
+    for attempt, keep in enumerate(attempts):
+        prepared = prepare_pt2e(traced.module(), _quantizer(dynamic, keep))
+        # Dynamic activations need no calibration, but the weights' observers must still
+        # see one run (else their qparams are defaults): the example is enough.
+        with torch.no_grad():
+            for sample_args, sample_kwargs in calibration[:1] if dynamic else calibration:
+                prepared(*copy.deepcopy(sample_args), **copy.deepcopy(sample_kwargs))
+        converted = convert_pt2e(prepared)
+        last = attempt == len(attempts) - 1
+        if last or accept is None or accept(converted):
+            if attempt and fallbacks is not None:
+                fallbacks.append(LEFT_FLOAT)
+            break
+    return torch.export.export(
+        converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
+    )
+
+
+def _quantizer(dynamic: bool, keep: Callable[[torch.fx.Node], bool] | None) -> Any:
+    """ExecuTorch's XNNPACK quantizer (per-channel symmetric weights), annotating only the
+    nodes `keep` says (all when None)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
     )
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     class FloatOnlyQuantizer(XNNPACKQuantizer):
         """ExecuTorch's XNNPACK quantizer, its scalar-to-tensor transform kept to floating
@@ -52,16 +88,9 @@ def quantize(
     quantizer = FloatOnlyQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
     )
-    prepared = prepare_pt2e(traced.module(), quantizer)
-    # Dynamic activations need no calibration, but the weights' observers must still see
-    # one run (else their qparams are defaults): the example is enough.
-    with torch.no_grad():
-        for sample_args, sample_kwargs in calibration[:1] if dynamic else calibration:
-            prepared(*copy.deepcopy(sample_args), **copy.deepcopy(sample_kwargs))
-    converted = convert_pt2e(prepared)
-    return torch.export.export(
-        converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
-    )
+    if keep is not None:
+        quantizer.set_filter_function(keep)
+    return quantizer
 
 
 def _scalars_to_attributes(model: torch.fx.GraphModule) -> torch.fx.GraphModule:

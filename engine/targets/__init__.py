@@ -35,7 +35,7 @@ import torch.utils._pytree as pytree
 from engine import profiling, verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
 from engine.generation import Generation, checked, onnx_past, runner_check
-from engine.quantization import METHODS, Quantizing, accuracy, refusal, takes
+from engine.quantization import Quantizing, accuracy, refusal, takes
 from engine.target_requirements import REQUIRES, missing
 from engine.targets import encoders, failed_ops
 from schemas import (
@@ -214,6 +214,8 @@ def run_target(
                 dynamic=quantizing.scheme == "int8_dynamic",
                 input_names=facts.get("inputs") or [],
                 calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
+                accept=quantizing.accepts_outputs,
+                fallbacks=quantizing.fallbacks.setdefault(name, []),
             )
         if progress is not None:
             progress("loading")
@@ -249,7 +251,7 @@ def run_target(
             )
             assert quantizing.report is not None
             quantizing.report.targets[name] = measured.model_copy(
-                update={"method": METHODS.get((name, quantizing.scheme))}
+                update={"method": quantizing.method(name)}
             )
         else:
             tolerances = _tolerances(name, options)

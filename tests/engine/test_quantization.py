@@ -129,6 +129,7 @@ def test_int8_cnn_is_three_times_smaller_on_executorch_within_the_budget(tmp_pat
         assert entry.samples == 4
         verification = report.targets[name].verification
         assert verification is not None and verification.verdict == "verified"
+        assert entry.method is not None and "missed the budget" not in entry.method  # full int8
     assert not [w for w in report.warnings if w.code == "quantization_inaccurate"]
 
 
@@ -298,3 +299,32 @@ def test_aoti_takes_torchaos_int8_dynamic_and_verifies_it(tmp_path: Path) -> Non
     assert entry.passed is True and entry.samples == 4
     assert entry.cosine is not None and entry.cosine >= 0.99
     assert entry.max_abs_error is not None and entry.max_abs_error > 0  # quantized, not float
+
+
+@pytest.mark.slow  # two conversions of a transformers model
+def test_int8_that_misses_the_budget_falls_back_to_linears_within_it(tmp_path: Path) -> None:
+    """Static int8 of a ViT's residual adds costs most of its accuracy: each target tries
+    the full int8 first and, outside the budget on the calibration samples, quantizes
+    only the linears and convolutions, and says so in `method`."""
+    pytest.importorskip("executorch")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("transformers")
+    result = export_file(
+        tmp_path,
+        "quant_vit.py",
+        {
+            "targets": ["onnx", "executorch"],
+            "quantize": {"scheme": "int8"},
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    assert report.quantization is not None
+    for name, left in (("executorch", "add, mul and cat left float"), ("onnx", "only Conv")):
+        entry = report.quantization.targets[name]
+        assert entry.passed is True, name
+        assert entry.cosine is not None and entry.cosine >= 0.99, name
+        assert entry.method is not None and left in entry.method, name
+    assert not [w for w in report.warnings if w.code == "quantization_inaccurate"]
