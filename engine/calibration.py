@@ -94,17 +94,19 @@ def calibration_inputs(
 ) -> tuple[list[Inputs], str]:
     """What static `int8` calibrates on, and where it came from: the uploaded samples
     (checked against `program`), or else the example and `samples` verification samples
-    drawn inside the program's dynamic ranges.
+    drawn inside the program's dynamic ranges (of the example's shapes with other values
+    when it has none, as quantization's accuracy is measured).
 
     Raises:
         InvalidInputs: an uploaded sample the program cannot take."""
     if uploaded is not None:
         check_ranges(program, uploaded, stage="converting")
         return list(uploaded), "upload"
-    from engine.sampling import draw_samples
+    from engine.sampling import draw_samples, draw_values
 
     found = [example]
-    for _, _, drawn in draw_samples(program, example[0], example[1], samples, 0):
+    drawn_samples = draw_samples(program, example[0], example[1], samples, 0)
+    for _, _, drawn in drawn_samples or draw_values(example[0], example[1], samples, 0):
         if not isinstance(drawn, str):
             found.append(drawn)
     return found, "samples"

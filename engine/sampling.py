@@ -18,7 +18,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["draw_samples"]
+__all__ = ["draw_samples", "draw_values"]
 
 _UNBOUNDED_FLOOR = 8
 """An unbounded symbol is drawn up to max(2 * its example value, its minimum + this)."""
@@ -79,6 +79,27 @@ def draw_samples(
             continue
         sample_args, sample_kwargs = pytree.tree_unflatten(leaves, spec)
         drawn.append((label, drawn_sizes, (sample_args, sample_kwargs)))
+    return drawn
+
+
+def draw_values(
+    args: tuple[Any, ...], kwargs: dict[str, Any], count: int, seed: int
+) -> list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]]:
+    """`count` inputs of the example's shapes with random values (integers inside the
+    example's own value range, non-tensors as given): what a program without dynamic
+    dimensions can be sampled with, for quantization's calibration and accuracy."""
+    flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    generator = torch.Generator().manual_seed(seed)
+    drawn: list[tuple[str, dict[str, int], tuple[tuple[Any, ...], dict[str, Any]] | str]] = []
+    for index in range(count):
+        leaves = [
+            _random_like(leaf, list(leaf.shape), generator)
+            if isinstance(leaf, torch.Tensor)
+            else leaf
+            for leaf in flat
+        ]
+        sample_args, sample_kwargs = pytree.tree_unflatten(leaves, spec)
+        drawn.append((f"values-{index + 1}", {}, (sample_args, sample_kwargs)))
     return drawn
 
 

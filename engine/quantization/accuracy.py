@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine.roundtrip import flatten_with_paths
-from engine.sampling import draw_samples
+from engine.sampling import draw_samples, draw_values
 from engine.verification import EXPORTED_RAISED, compare_leaf
 from schemas import GenerationCheck, OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 from schemas.options import QuantizeOptions
@@ -88,7 +88,8 @@ def measure(
     names: Mapping[str, str] | None = None,
 ) -> tuple[VerificationReport, QuantizedTarget]:
     """Run `runner` (the quantized artifact) and the float eager `pristine` on the
-    example and `samples` drawn inside `program`'s dynamic ranges.
+    example and `samples` drawn inside `program`'s dynamic ranges (of the example's
+    shapes with other values when it has none).
 
     Returns the artifact's verification report (each output within the budget or not)
     and its entry of `report.quantization.targets`.
@@ -96,7 +97,9 @@ def measure(
     started = time.perf_counter()
     inputs: list[tuple[str, dict[str, int], Any]] = [("example", {}, (args, kwargs))]
     if samples:
-        inputs += draw_samples(program, args, kwargs, samples, 0, names)
+        # Without dynamic dimensions the samples vary the values (draw_values).
+        drawn = draw_samples(program, args, kwargs, samples, 0, names)
+        inputs += drawn or draw_values(args, kwargs, samples, 0)
     checks: list[SampleCheck] = []
     stats: dict[str, _Stats] = {}
     for label, symbols, drawn in inputs:

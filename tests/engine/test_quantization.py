@@ -67,6 +67,25 @@ def test_an_artifact_outside_the_cosine_budget_fails_its_verification() -> None:
     assert loose.passed is True
 
 
+def test_a_static_program_is_sampled_with_other_values_of_the_examples_shapes() -> None:
+    """Without dynamic dimensions quantization's calibration and accuracy vary the values:
+    floats drawn afresh, integers inside the example's own range, non-tensors as given."""
+    from engine.sampling import draw_values
+
+    args = (torch.randn(2, 3), torch.tensor([[4, 7], [5, 6]]), 3)
+    drawn = draw_values(args, {"mask": torch.ones(2, 2, dtype=torch.bool)}, 3, 0)
+    assert [label for label, _, _ in drawn] == ["values-1", "values-2", "values-3"]
+    firsts = []
+    for _, symbols, sample in drawn:
+        assert symbols == {} and not isinstance(sample, str)
+        (x, ids, constant), kwargs = sample
+        assert x.shape == (2, 3) and not torch.equal(x, args[0])
+        assert ids.dtype == torch.int64 and int(ids.min()) >= 4 and int(ids.max()) <= 7
+        assert constant == 3 and kwargs["mask"].dtype == torch.bool
+        firsts.append(float(x[0, 0]))
+    assert len(set(firsts)) == 3
+
+
 def test_the_schemes_each_target_takes() -> None:
     assert takes("executorch", "8da4w") and takes("onnx", "int8_dynamic")
     assert not takes("onnx", "8da4w") and not takes("aoti", "int8")
@@ -327,4 +346,6 @@ def test_int8_that_misses_the_budget_falls_back_to_linears_within_it(tmp_path: P
         assert entry.passed is True, name
         assert entry.cosine is not None and entry.cosine >= 0.99, name
         assert entry.method is not None and left in entry.method, name
+        assert entry.samples == 4, name  # static shapes: the example and 3 of other values
+    assert report.quantization.calibration_samples == 4
     assert not [w for w in report.warnings if w.code == "quantization_inaccurate"]
