@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["ONLY_LINEAR", "quantize"]
+__all__ = ["DYNAMIC", "ONLY_LINEAR", "quantize"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -36,9 +36,10 @@ def quantize(
         accept: for static `int8`, whether the quantized model's outputs (a list of
             arrays) are accurate enough against the float model's on a calibration
             input; when they are not on the first four, the model is quantized again
-            with only Conv, MatMul by a constant and Gemm quantized (`ONLY_LINEAR`, then
-            appended to `fallbacks`): quantized residual adds and attention MatMuls cost
-            a transformer most of its accuracy.
+            with only Conv, MatMul by a constant and Gemm quantized (`ONLY_LINEAR`:
+            quantized residual adds and attention MatMuls cost a transformer most of its
+            accuracy), then, if that is not either, by `quantize_dynamic` (`DYNAMIC`);
+            what was used is appended to `fallbacks`.
     """
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -75,23 +76,35 @@ def quantize(
             "op_types_to_quantize": ["Conv", "MatMul", "Gemm"],
             "extra_options": {"MatMulConstBOnly": True},
         }
-        for attempt in ({}, restricted) if accept is not None else ({},):
-            quantize_static(
-                float_path,
-                path,
-                Reader(),
-                quant_format=QuantFormat.QDQ,
-                per_channel=True,
-                activation_type=QuantType.QInt8,
-                weight_type=QuantType.QInt8,
-                use_external_data_format=external,
-                **attempt,
-            )
-            if attempt:
-                if fallbacks is not None:
-                    fallbacks.append(ONLY_LINEAR)
-                break
-            if accept is None or _accurate(float_path, path, feeds[:4], accept):
+        attempts: list[tuple[dict[str, Any], str | None]] = [({}, None)]
+        if accept is not None:
+            attempts += [(restricted, ONLY_LINEAR), ({"dynamic": True}, DYNAMIC)]
+        for attempt, (extra, note) in enumerate(attempts):
+            if extra.get("dynamic"):
+                quantize_dynamic(
+                    float_path,
+                    path,
+                    per_channel=True,
+                    weight_type=QuantType.QInt8,
+                    use_external_data_format=external,
+                    nodes_to_exclude=_batched_weight_matmuls(float_path),
+                )
+            else:
+                quantize_static(
+                    float_path,
+                    path,
+                    Reader(),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8,
+                    use_external_data_format=external,
+                    **extra,
+                )
+            last = attempt == len(attempts) - 1
+            if last or accept is None or _accurate(float_path, path, feeds[:4], accept):
+                if note is not None and fallbacks is not None:
+                    fallbacks.append(note)
                 break
         return path
     finally:
@@ -99,7 +112,10 @@ def quantize(
 
 
 ONLY_LINEAR = "only Conv, MatMul by a constant and Gemm quantized"
-"""What the fallback of static `int8` quantizes."""
+"""What the first fallback of static `int8` quantizes."""
+
+DYNAMIC = "quantize_dynamic (activations quantized at run time)"
+"""The second fallback: `int8_dynamic`'s model."""
 
 
 def _accurate(

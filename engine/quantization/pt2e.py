@@ -11,14 +11,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["LEFT_FLOAT", "quantize"]
+__all__ = ["DYNAMIC", "LEFT_FLOAT", "quantize"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 LEFT_FLOAT = "add, mul and cat left float"
-"""What the fallback of static `int8` keeps float: with per-tensor activations the residual
-adds of a transformer (their outliers) cost most of its accuracy."""
+"""What the first fallback of static `int8` keeps float: with per-tensor activations the
+residual adds of a transformer (their outliers) cost most of its accuracy."""
+
+DYNAMIC = "activations quantized at run time"
+"""The second fallback: `int8_dynamic`'s linears (int8 weights, per-token activations)."""
 
 
 def quantize(
@@ -42,26 +45,31 @@ def quantize(
         dynamic_shapes: the torch spec `traced` was exported with.
         accept: for static `int8`, whether a converted module is accurate enough; when it
             is not, the quantization is made again with adds, muls and concatenations
-            left float (`LEFT_FLOAT`, then appended to `fallbacks`).
+            left float (`LEFT_FLOAT`), then, if that is not either, with the linears'
+            activations quantized at run time (`DYNAMIC`); what was used is appended to
+            `fallbacks`.
     """
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     skipped = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.cat.default)
-    attempts: list[Callable[[torch.fx.Node], bool] | None] = [None]
+    attempts: list[tuple[bool, Callable[[torch.fx.Node], bool] | None, str | None]] = [
+        (dynamic, None, None)
+    ]
     if accept is not None and not dynamic:
-        attempts.append(lambda node: node.target not in skipped)
-    for attempt, keep in enumerate(attempts):
-        prepared = prepare_pt2e(traced.module(), _quantizer(dynamic, keep))
+        attempts.append((False, lambda node: node.target not in skipped, LEFT_FLOAT))
+        attempts.append((True, None, DYNAMIC))
+    for attempt, (run_time, keep, note) in enumerate(attempts):
+        prepared = prepare_pt2e(traced.module(), _quantizer(run_time, keep))
         # Dynamic activations need no calibration, but the weights' observers must still
         # see one run (else their qparams are defaults): the example is enough.
         with torch.no_grad():
-            for sample_args, sample_kwargs in calibration[:1] if dynamic else calibration:
+            for sample_args, sample_kwargs in calibration[:1] if run_time else calibration:
                 prepared(*copy.deepcopy(sample_args), **copy.deepcopy(sample_kwargs))
         converted = convert_pt2e(prepared)
         last = attempt == len(attempts) - 1
         if last or accept is None or accept(converted):
-            if attempt and fallbacks is not None:
-                fallbacks.append(LEFT_FLOAT)
+            if note is not None and fallbacks is not None:
+                fallbacks.append(note)
             break
     return torch.export.export(
         converted, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=False
