@@ -1,6 +1,6 @@
 """Service benchmarks on `torchport serve` (numbers go to docs/service.md).
 
-    python bench/service_e2e.py [--jobs 10] [--throughput-jobs 40] [--json]
+    python bench/service_e2e.py [--jobs 10] [--throughput-jobs 40] [--hf-jobs 3] [--only-hf]
 
 Measures, for the small model `tests/models/service_small.py`:
 - end to end on `torchport serve` (submit → artifacts ready), median of `--jobs` runs, each
@@ -14,6 +14,12 @@ Measures, for the small model `tests/models/service_small.py`:
 - GET /v1/exports/{id} latency at 200 requests/s for 5 s (p50, p99);
 - the API process's RSS;
 - throughput of 1 vs 2 workers on a queue of `--throughput-jobs` small jobs.
+
+And for a transformers model, the real-model suite's tiny BERT (`bench/model_suite/hf_bert.py`),
+the HF-model row: end to end on the same warm `torchport serve` (median of `--hf-jobs`,
+distinct bytes each) against plain torch's warm export + run_decompositions + save of it
+in one process, and their ratio (issue 21's target: at most 1.5). `--only-hf` measures
+that row alone.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "models" / "service_small.py"
+HF_MODEL = ROOT / "bench" / "model_suite" / "hf_bert.py"
 
 
 def free_port() -> int:
@@ -119,8 +126,8 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def variant(i: int) -> bytes:
-    return MODEL.read_bytes() + f"\n# variant {i} {time.time_ns()}\n".encode()
+def variant(i: int, model: Path = MODEL) -> bytes:
+    return model.read_bytes() + f"\n# variant {i} {time.time_ns()}\n".encode()
 
 
 def warm_up(server: Server) -> None:
@@ -128,10 +135,10 @@ def warm_up(server: Server) -> None:
     assert job["status"] == "succeeded", job
 
 
-def end_to_end(server: Server, runs: int) -> list[float]:
+def end_to_end(server: Server, runs: int, model: Path = MODEL) -> list[float]:
     times = []
     for i in range(runs):
-        source = variant(i)
+        source = variant(i, model)
         started = time.perf_counter()
         job = server.wait(server.submit(source)["id"])
         times.append(time.perf_counter() - started)
@@ -248,7 +255,7 @@ def warm_sandbox(runs: int) -> list[float]:
     return list(json.loads(out.stdout.splitlines()[-1]))
 
 
-def plain_torch_warm(runs: int) -> list[float]:
+def plain_torch_warm(runs: int, model: Path = MODEL) -> list[float]:
     """torch.export.export + run_decompositions + torch.export.save of the same model,
     again and again in one warm process (the first run, which warms it, is not counted):
     the baseline of the 150 ms end-to-end target. No verification and no round trip,
@@ -258,13 +265,14 @@ def plain_torch_warm(runs: int) -> list[float]:
         import json, runpy, tempfile, time
         from pathlib import Path
         import torch
-        ns = runpy.run_path({str(MODEL)!r})
-        model, args = ns["model"], ns["example_args"]
+        ns = runpy.run_path({str(model)!r})
+        model = ns["model"]
+        args, kwargs = ns.get("example_args", ()), ns.get("example_kwargs", {{}})
         out = Path(tempfile.mkdtemp()) / "program.pt2"
         times = []
         for i in range({runs} + 1):
             t0 = time.perf_counter()
-            ep = torch.export.export(model, args).run_decompositions()
+            ep = torch.export.export(model, args, kwargs).run_decompositions()
             torch.export.save(ep, out)
             times.append(time.perf_counter() - t0)
         print(json.dumps(times[1:]))
@@ -299,6 +307,26 @@ def fresh_script(runs: int) -> list[float]:
     return times
 
 
+def hf_row(runs: int) -> dict[str, object]:
+    """The tiny BERT end to end on a warm `torchport serve` (its worker warmed by one job
+    of the model) against plain torch's warm export + decompose + save of it."""
+    plain = summary(plain_torch_warm(runs, HF_MODEL))
+    server = Server(workers=1)
+    try:
+        job = server.wait(server.submit(variant(-1, HF_MODEL))["id"])
+        assert job["status"] == "succeeded", job
+        time.sleep(1.0)
+        serve = summary(end_to_end(server, runs, HF_MODEL))
+    finally:
+        server.stop()
+    return {
+        "model": str(HF_MODEL.relative_to(ROOT)),
+        "plain_torch_warm": plain,
+        "serve_end_to_end": serve,
+        "ratio": round(serve["median_ms"] / plain["median_ms"], 2),
+    }
+
+
 def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -314,7 +342,12 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--throughput-jobs", type=int, default=40)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--hf-jobs", type=int, default=3)
+    parser.add_argument("--only-hf", action="store_true", help="the HF-model row alone")
     args = parser.parse_args()
+    if args.only_hf:
+        print(json.dumps(hf_row(args.hf_jobs), indent=2))
+        return 0
     results: dict[str, object] = {}
     results["plain_torch_warm"] = summary(plain_torch_warm(args.jobs))
     results["engine_in_process_warm"] = summary(in_process_engine(args.jobs))
@@ -332,6 +365,7 @@ def main() -> int:
         results["api_rss_mb"] = round(server.rss_mb(), 1)
     finally:
         server.stop()
+    results["hf_model"] = hf_row(args.hf_jobs)
     if not args.skip_throughput:
         one = throughput(1, args.throughput_jobs)
         two = throughput(2, args.throughput_jobs)
