@@ -25,7 +25,7 @@ from worker.sandbox.relay import MAX_REQUEST, TOOLCHAIN, Relay
 from worker.sandbox.requests import MAX_ANSWER
 
 if TYPE_CHECKING:
-    from worker.sandbox.zygote import Job, Zygote
+    from worker.sandbox.zygote_job import Job, ZygoteHost
 
 __all__ = ["MAX_REQUEST", "MAX_ROUNDTRIPS", "Loaders", "answer", "load"]
 
@@ -35,7 +35,7 @@ MAX_ROUNDTRIPS = 4
 class Loaders:
     """The zygote's side of its jobs' round trips (the state is each `Job`'s)."""
 
-    def __init__(self, zygote: Zygote) -> None:
+    def __init__(self, zygote: ZygoteHost) -> None:
         self.zygote = zygote
 
     def on_request(self, job: Job) -> None:

@@ -41,7 +41,7 @@ from worker.sandbox.processes import close_fd, kill_group, read_status_mb
 from worker.sandbox.warmup import warm_spare
 
 if TYPE_CHECKING:
-    from worker.sandbox.zygote import Zygote
+    from worker.sandbox.zygote_job import ZygoteHost
 
 __all__ = ["MAX_SPARE_FAILURES", "Spare", "Spares"]
 
@@ -64,7 +64,7 @@ class Spare:
 class Spares:
     """The zygote's spares (one per kind at most) and the pages their warm-ups taught."""
 
-    def __init__(self, zygote: Zygote) -> None:
+    def __init__(self, zygote: ZygoteHost) -> None:
         self.zygote = zygote
         self.children: dict[str, Spare] = {}
         self.enabled = False

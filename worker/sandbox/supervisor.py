@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,38 +23,12 @@ from worker.sandbox import quota
 from worker.sandbox.processes import read_rss
 from worker.sandbox.settings import SandboxSettings
 from worker.sandbox.tree import JobTree
+from worker.sandbox.watch import Watch
 
 if TYPE_CHECKING:
-    from worker.sandbox.outputs import Accepted
     from worker.sandbox.zygote_client import ZygoteClient
 
 __all__ = ["Watch", "job_limits", "kill_job", "measure_disk", "supervise"]
-
-
-@dataclass
-class Watch:
-    """What the worker learns about one running job."""
-
-    messages: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
-    lockdown: dict[str, Any] | None = None
-    refused: tuple[str, str] | None = None
-    bad_lines: int = 0
-    spare: bool = False
-    """The job ran in a pre-forked, self-warmed spare child rather than a fresh fork."""
-    prefault: bool = False
-    """A fresh fork that faulted in the pages a spare's warm-up touches before the job."""
-    done: bool = False
-    """The child said its outputs are written (it is about to exit)."""
-    accepted: Accepted | None = None
-    """Its outputs, read, validated and copied out of its reach while it exited."""
-    roundtrips: dict[str, int] | None = None
-    """Round trips the zygote ran for the job: how many, how many in a spare loader."""
-    disk: quota.DiskUse | None = None
-    """The largest disk use measured while the job ran (the last one, if over)."""
-    tree: JobTree = field(default_factory=JobTree)
-    """Every process of the job (tree.py): memory and disk are limits of all of them."""
-    tree_peak: int = 0
-    """The most memory the job's processes were seen to hold together, in bytes."""
 
 
 def job_limits(

@@ -41,7 +41,7 @@ from worker.sandbox.processes import close_fd
 from worker.sandbox.relay import MAX_REQUEST
 
 if TYPE_CHECKING:
-    from worker.sandbox.zygote import Job, Zygote
+    from worker.sandbox.zygote_job import Job, ZygoteHost
 
 __all__ = ["MAX_RUNS", "Refused", "Toolchains", "check", "output_paths"]
 
@@ -222,7 +222,7 @@ class Toolchains:
     space; a refusal it answers itself, and says so on its status pipe ("R"); a program
     it runs closes that pipe as it is exec'd, and its exit status is the answer."""
 
-    def __init__(self, zygote: Zygote) -> None:
+    def __init__(self, zygote: ZygoteHost) -> None:
         self.zygote = zygote
 
     def on_request(self, job: Job, line: memoryview) -> None:

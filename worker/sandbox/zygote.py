@@ -10,7 +10,9 @@ CUDA. When the control socket closes, it kills its children and exits.
 
 Its other rooms: warmup.py (what it runs before forking), spares.py (pre-forked,
 self-warmed children and the pages they learn), loader.py (round trips: the loader
-children its jobs ask for). The worker's end is zygote_client.py.
+children its jobs ask for), toolchain.py (the programs a target runs); they see the
+zygote as zygote_job.py's `ZygoteHost` and its jobs as `Job`, so none imports this module.
+The worker's end is zygote_client.py.
 
 Messages (worker → zygote): `config`, `run` (with two fds: progress, output),
 `kill`. (zygote → worker): `hello`, `started`, `exited`, `spares` (spares.py).
@@ -27,7 +29,6 @@ import sys
 import time
 import traceback
 from array import array
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,6 @@ from worker.sandbox.lockdown import (
     set_dumpable,
 )
 from worker.sandbox.processes import close_fd, count_threads, kill_group, read_status_mb
-from worker.sandbox.relay import MAX_REQUEST, Relay, Requests
 from worker.sandbox.spares import Spares
 from worker.sandbox.toolchain import Toolchains
 from worker.sandbox.warmup import (
@@ -52,46 +52,9 @@ from worker.sandbox.warmup import (
     warm_loader,
     warm_zygote,
 )
+from worker.sandbox.zygote_job import Job
 
 __all__ = ["Job", "Zygote", "main"]
-
-
-@dataclass
-class Job:
-    """A job child of the zygote, with the state of its round trips (loader.py)."""
-
-    id: str
-    pid: int
-    output_fd: int
-    request_fd: int
-    answer_fd: int
-    dirs: dict[str, str]
-    limits: dict[str, int]
-    requests: Requests = field(default_factory=lambda: Requests(MAX_REQUEST))
-    """What the job wrote on its request pipe, zeroed as it is used."""
-    roundtrips: int = 0
-    loader_spares: int = 0
-    loader_pid: int | None = None
-    loader_fd: int | None = None
-    loader_in: int | None = None
-    loader_out: Relay | None = None
-    """The loader's answer on its way to the job, never parsed here (relay.py)."""
-    loader_started: float = 0.0
-    old_loaders: list[int] = field(default_factory=list)
-    """Loaders that answered and were killed, not yet reaped."""
-    closed: list[int] = field(default_factory=list)
-    gpu: bool = False
-    toolchain_pid: int | None = None
-    """The job's running toolchain child (toolchain.py), if any."""
-    toolchain_status: int | None = None
-    """Its status pipe: "R" when it refused the request (and answered it) itself; closed
-    without a byte when it exec'd the program."""
-    toolchain_runs: int = 0
-
-    def helpers(self) -> list[int]:
-        """The job's other processes: its loaders and its toolchain child."""
-        pids = [self.loader_pid, *self.old_loaders, self.toolchain_pid]
-        return [pid for pid in pids if pid is not None]
 
 
 class Zygote:
@@ -101,7 +64,7 @@ class Zygote:
         self.ctl = ctl
         self.config: dict[str, Any] = {}
         self.jobs: dict[str, Job] = {}
-        self.selector = selectors.DefaultSelector()
+        self.selector: selectors.BaseSelector = selectors.DefaultSelector()
         self.gpu: GpuAccess | None = None
         self.spares = Spares(self)
         self.loaders = Loaders(self)

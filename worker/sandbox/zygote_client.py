@@ -24,7 +24,7 @@ from worker.sandbox.processes import find_child, find_outer_pid
 from worker.sandbox.settings import SandboxSettings
 
 if TYPE_CHECKING:
-    from worker.sandbox.supervisor import Watch
+    from worker.sandbox.watch import Watch
 
 __all__ = [
     "SandboxUnavailable",
