@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import text
 
 from persistence.database import transaction
 from persistence.lifecycle import StoredArtifact, claim, finish, record_stage
@@ -27,10 +26,10 @@ from tests.service.conftest import (
     MODELS,
     REDIS_URL,
     ROOT,
-    TRUNCATE_ALL,
     make_settings,
     pg_url,
     redis_prefix,
+    truncate,
 )
 
 __all__ = ["pg_url", "redis_prefix"]
@@ -85,8 +84,7 @@ def server(
 ) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("cli-jobs")
     state = build_state(make_settings(tmp, pg_url, redis_prefix + "cli:"))
-    with state.engine.begin() as conn:
-        conn.execute(text(TRUNCATE_ALL))
+    truncate(state.engine)
     with transaction(state.sessions) as session:
         alice = auth.create_key(session, "alice").secret
         bob = auth.create_key(session, "bob").secret
@@ -98,8 +96,7 @@ def server(
         yield Server(url=stack.url, state=state, alice=alice, bob=bob, tmp=tmp)
     finally:
         stack.stop()
-        with state.engine.begin() as conn:
-            conn.execute(text(TRUNCATE_ALL))
+        truncate(state.engine)
         state.engine.dispose()
 
 

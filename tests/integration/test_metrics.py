@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from tests.integration.conftest import Stack, api_and_worker, slow_model, wait_until
-from tests.service.conftest import MODELS, TRUNCATE_ALL
+from tests.service.conftest import MODELS, truncate
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +26,7 @@ def stack(
 ) -> Iterator[Stack]:
     """API and one worker, on a database without earlier jobs, worker rows or totals."""
     engine = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
-    with engine.begin() as conn:
-        conn.execute(text(TRUNCATE_ALL))
+    truncate(engine)
     engine.dispose()
     yield from api_and_worker(tmp_path_factory.mktemp("metrics"), pg_url, redis_prefix + "m:")
 

@@ -6,6 +6,7 @@ parallel suites on the same servers never see each other's jobs.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -15,7 +16,8 @@ import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import text
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
 from persistence.database import migrate
 from persistence.models import Job
@@ -77,9 +79,23 @@ TRUNCATE_ALL = (
 )
 
 
+def truncate(engine: Engine, statement: str = TRUNCATE_ALL) -> None:
+    """Empty the tables; retried when PostgreSQL picks this TRUNCATE as a deadlock's
+    victim (a session of the app under test, still finishing a read of two tables,
+    may hold one of them: CI saw it once in a teardown)."""
+    for attempt in range(5):
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(statement))
+            return
+        except OperationalError as exc:
+            if attempt == 4 or "deadlock detected" not in str(exc):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def _truncate(state: AppState) -> None:
-    with state.engine.begin() as conn:
-        conn.execute(text(TRUNCATE_ALL))
+    truncate(state.engine)
 
 
 @pytest.fixture

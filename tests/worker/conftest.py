@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
-from tests.service.conftest import REDIS_URL, pg_url, redis_prefix
+from tests.service.conftest import REDIS_URL, pg_url, redis_prefix, truncate
 from worker.execution import WorkerContext
 from worker.settings import WorkerSettings
 
@@ -31,9 +30,7 @@ def worker_settings(tmp_path: Path, pg_url: str, redis_prefix: str) -> WorkerSet
 @pytest.fixture
 def context(worker_settings: WorkerSettings) -> Iterator[WorkerContext]:
     ctx = WorkerContext.create(worker_settings)
-    with ctx.engine.begin() as conn:
-        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys CASCADE"))
+    truncate(ctx.engine, "TRUNCATE stage_events, artifacts, jobs, api_keys CASCADE")
     yield ctx
-    with ctx.engine.begin() as conn:
-        conn.execute(text("TRUNCATE stage_events, artifacts, jobs, api_keys CASCADE"))
+    truncate(ctx.engine, "TRUNCATE stage_events, artifacts, jobs, api_keys CASCADE")
     ctx.close()
