@@ -18,18 +18,22 @@ for one sample, its index in `details.sample`.
 from __future__ import annotations
 
 import json
-import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch.utils import _pytree as pytree
 
 from engine.errors import InvalidInputs, InvalidRequest
-from engine.inputs import build_inputs, detect_format, normalize_inputs
+from engine.inputs import (
+    build_inputs,
+    detect_format,
+    load_pt,
+    load_safetensors,
+    normalize_inputs,
+)
 
 __all__ = ["MAX_SAMPLES", "calibration_inputs", "check_ranges", "read"]
 
@@ -213,15 +217,7 @@ def _check_like(sample: Inputs, example: Inputs, index: int, stage: str) -> None
 
 
 def _read_safetensors(path: Path, stage: str) -> list[Inputs]:
-    try:
-        tensors = safetensors.torch.load_file(str(path), device="cpu")
-    except Exception as exc:
-        raise _error(
-            "The .safetensors calibration file cannot be read.",
-            stage,
-            format="safetensors",
-            exception=type(exc).__name__,
-        ) from exc
+    tensors = load_safetensors(path, source="calibration", stage=stage)
     positional: dict[int, dict[int, torch.Tensor]] = {}
     keyword: dict[int, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
@@ -260,26 +256,7 @@ def _read_safetensors(path: Path, stage: str) -> list[Inputs]:
 
 
 def _read_pt(path: Path, stage: str) -> list[Inputs]:
-    try:
-        # weights_only=True passed explicitly: no environment variable can turn it off.
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise _error(
-            "The .pt calibration file holds Python objects other than tensors and "
-            "containers; it was refused without being unpickled.",
-            stage,
-            hint="Save only tensors, tuples, lists and dicts, or use .safetensors.",
-            format="pt",
-            exception=type(exc).__name__,
-            pickle_refused=True,
-        ) from exc
-    except Exception as exc:
-        raise _error(
-            "The .pt calibration file cannot be read.",
-            stage,
-            format="pt",
-            exception=type(exc).__name__,
-        ) from exc
+    obj = load_pt(path, source="calibration", stage=stage)
     return _samples(obj, "pt", stage, _pt_sample)
 
 

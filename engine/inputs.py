@@ -120,15 +120,54 @@ def normalize_inputs(args: Any, kwargs: Any, *, source: str) -> Inputs:
     return args, dict(kwargs)
 
 
-def _read_safetensors(path: Path) -> Inputs:
+def load_safetensors(path: Path, *, source: str = "inputs", stage: str = STAGE) -> Any:
+    """The tensors of an uploaded `.safetensors` file (`source`: the upload's role).
+
+    Raises:
+        InvalidInputs: the file cannot be read."""
     try:
-        tensors = safetensors.torch.load_file(str(path), device="cpu")
+        return safetensors.torch.load_file(str(path), device="cpu")
     except Exception as exc:
         raise InvalidInputs(
-            "The .safetensors inputs file cannot be read.",
-            stage=STAGE,
-            details={"source": "inputs", "format": "safetensors", "exception": type(exc).__name__},
+            f"The .safetensors {source} file cannot be read.",
+            stage=stage,
+            details={"source": source, "format": "safetensors", "exception": type(exc).__name__},
         ) from exc
+
+
+def load_pt(path: Path, *, source: str = "inputs", stage: str = STAGE) -> Any:
+    """What an uploaded `.pt` file holds, read with `weights_only=True` and never with a
+    pickle fallback (`source`: the upload's role).
+
+    Raises:
+        InvalidInputs: the file holds other Python objects (`details.pickle_refused`) or
+            cannot be read."""
+    try:
+        # weights_only=True passed explicitly: no environment variable can turn it off.
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise InvalidInputs(
+            f"The .pt {source} file holds Python objects other than tensors and "
+            "containers; it was refused without being unpickled.",
+            hint="Save only tensors, tuples, lists and dicts, or use .safetensors.",
+            stage=stage,
+            details={
+                "source": source,
+                "format": "pt",
+                "exception": type(exc).__name__,
+                "pickle_refused": True,
+            },
+        ) from exc
+    except Exception as exc:
+        raise InvalidInputs(
+            f"The .pt {source} file cannot be read.",
+            stage=stage,
+            details={"source": source, "format": "pt", "exception": type(exc).__name__},
+        ) from exc
+
+
+def _read_safetensors(path: Path) -> Inputs:
+    tensors = load_safetensors(path)
     positional: dict[int, torch.Tensor] = {}
     kwargs: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
@@ -154,28 +193,7 @@ def _read_safetensors(path: Path) -> Inputs:
 
 
 def _read_pt(path: Path) -> Inputs:
-    try:
-        # weights_only=True passed explicitly: no environment variable can turn it off.
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise InvalidInputs(
-            "The .pt inputs file holds Python objects other than tensors and containers; "
-            "it was refused without being unpickled.",
-            hint="Save only tensors, tuples, lists and dicts, or use .safetensors.",
-            stage=STAGE,
-            details={
-                "source": "inputs",
-                "format": "pt",
-                "exception": type(exc).__name__,
-                "pickle_refused": True,
-            },
-        ) from exc
-    except Exception as exc:
-        raise InvalidInputs(
-            "The .pt inputs file cannot be read.",
-            stage=STAGE,
-            details={"source": "inputs", "format": "pt", "exception": type(exc).__name__},
-        ) from exc
+    obj = load_pt(path)
     if isinstance(obj, Mapping):
         unexpected = sorted(str(k) for k in obj if k not in _PT_KEYS)
         if unexpected:

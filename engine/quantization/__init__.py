@@ -28,9 +28,6 @@ __all__ = ["METHODS", "TARGET_SCHEMES", "Quantizing", "accuracy", "refusal", "ta
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
-CHECKED_SAMPLES = 4
-"""Calibration samples static `int8` is checked on before a fallback is tried."""
-
 PT2E_SCHEMES = ("int8", "int8_dynamic")
 """The schemes quantized on the traced program by PT2E; the others quantize the module's
 linears with torchao and export it again."""
@@ -135,7 +132,7 @@ class Quantizing:
         float program on the first four calibration samples."""
         if self.scheme != "int8":
             return None
-        samples = self.calibration[:CHECKED_SAMPLES]
+        samples = self.calibration[: accuracy.CHECKED_SAMPLES]
 
         def run(module: Any, sample: Inputs) -> Any:
             sample_args, sample_kwargs = copy.deepcopy(sample)

@@ -31,9 +31,12 @@ from schemas.quantization import (
     QuantizedTarget,
 )
 
-__all__ = ["agrees", "measure", "record_tokens", "within"]
+__all__ = ["CHECKED_SAMPLES", "agrees", "measure", "record_tokens", "within"]
 
 Runner = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+
+CHECKED_SAMPLES = 4
+"""Calibration samples static `int8` checks itself on before it tries a fallback."""
 
 
 def within(options: QuantizeOptions, cosine: float | None, max_abs: float | None) -> bool:

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from engine.quantization.accuracy import CHECKED_SAMPLES
+
 __all__ = ["DYNAMIC", "ONLY_LINEAR", "quantize"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -53,7 +55,8 @@ def quantize(
     path.replace(float_path)
     external = path.with_name(path.name + ".data").exists()
     try:
-        if dynamic:
+
+        def dynamic_model() -> None:
             quantize_dynamic(
                 float_path,
                 path,
@@ -62,6 +65,9 @@ def quantize(
                 use_external_data_format=external,
                 nodes_to_exclude=_batched_weight_matmuls(float_path),
             )
+
+        if dynamic:
+            dynamic_model()
             return path
         feeds = [_feed(input_names, each) for each in calibration]
 
@@ -72,37 +78,33 @@ def quantize(
             def get_next(self) -> dict[str, Any] | None:
                 return next(self.left, None)
 
-        restricted: dict[str, Any] = {
-            "op_types_to_quantize": ["Conv", "MatMul", "Gemm"],
-            "extra_options": {"MatMulConstBOnly": True},
-        }
-        attempts: list[tuple[dict[str, Any], str | None]] = [({}, None)]
+        def static_model(**extra: Any) -> None:
+            quantize_static(
+                float_path,
+                path,
+                Reader(),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                use_external_data_format=external,
+                **extra,
+            )
+
+        def linears_only() -> None:
+            static_model(
+                op_types_to_quantize=["Conv", "MatMul", "Gemm"],
+                extra_options={"MatMulConstBOnly": True},
+            )
+
+        attempts: list[tuple[Callable[[], None], str | None]] = [(static_model, None)]
         if accept is not None:
-            attempts += [(restricted, ONLY_LINEAR), ({"dynamic": True}, DYNAMIC)]
-        for attempt, (extra, note) in enumerate(attempts):
-            if extra.get("dynamic"):
-                quantize_dynamic(
-                    float_path,
-                    path,
-                    per_channel=True,
-                    weight_type=QuantType.QInt8,
-                    use_external_data_format=external,
-                    nodes_to_exclude=_batched_weight_matmuls(float_path),
-                )
-            else:
-                quantize_static(
-                    float_path,
-                    path,
-                    Reader(),
-                    quant_format=QuantFormat.QDQ,
-                    per_channel=True,
-                    activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8,
-                    use_external_data_format=external,
-                    **extra,
-                )
+            attempts += [(linears_only, ONLY_LINEAR), (dynamic_model, DYNAMIC)]
+        for attempt, (make, note) in enumerate(attempts):
+            make()
             last = attempt == len(attempts) - 1
-            if last or accept is None or _accurate(float_path, path, feeds[:4], accept):
+            checked = feeds[:CHECKED_SAMPLES]
+            if last or accept is None or _accurate(float_path, path, checked, accept):
                 if note is not None and fallbacks is not None:
                     fallbacks.append(note)
                 break
