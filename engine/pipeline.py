@@ -21,6 +21,7 @@ import torch
 
 from engine import (
     calibration,
+    cia_ops,
     decomposition,
     diagnostics,
     documents,
@@ -393,7 +394,9 @@ def warm_up(work_dir: Path) -> None:
     """Run one tiny export so that later exports in this process (or its forks) start warm.
 
     Only tiny shapes and no eager kernels on real data: a process that has started
-    torch's intra-op thread pool cannot be forked safely.
+    torch's intra-op thread pool cannot be forked safely. Last, keeps torch's list of
+    preservable CIA ops for later exports (engine.cia_ops): call it after the imports
+    that register op namespaces (the zygote imports the model libraries first).
     """
 
     class _Tiny(torch.nn.Module):
@@ -412,3 +415,4 @@ def warm_up(work_dir: Path) -> None:
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.export.save(ep, work_dir / "warm-up.pt2")
     json.dumps(documents.graph_document(ep, SourceMap(work_dir)).model_dump(mode="json"))
+    cia_ops.install()
