@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 
 from schemas import ExportOptions
@@ -35,24 +36,90 @@ def test_a_job_at_an_idle_worker_runs_in_a_warm_spare(spare_arena: Arena) -> Non
         assert (path.stat().st_size, digest(path)) == (size, sha)
 
 
-def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
+def test_work_right_after_work_runs_in_the_spares_successor(spare_arena: Arena) -> None:
     runner = spare_arena.runner
     first, _, _ = spare_arena.run(spare_arena.model("benign"))  # waits, runs in the spare
     assert first.report.sandbox is not None and first.report.sandbox.details["spare"] is True
-    # The next job comes at once: the new spares are still faulting in their learned
-    # pages (~50 ms), so the job gets a fresh fork, which faults them in itself before
-    # its lockdown (pages.py). The spares are left to finish: the loader spare is ready
-    # long before the round trip and takes it.
+    # The next job comes at once. Handing the first its spare forked that spare's
+    # successor, which only faulted in learned pages while the first job ran: ready.
     second = _run(runner, spare_arena, "back-to-back")
     assert second.report.status == "succeeded", second.error
     assert second.report.sandbox is not None
-    assert second.report.sandbox.details["spare"] is False
-    assert first.report.sandbox.details["prefault"] is False
-    assert second.report.sandbox.details["prefault"] is True
-    assert second.report.sandbox.details["roundtrips"] == {"loaders": 1, "in_spares": 1}
+    details = second.report.sandbox.details
+    assert (details["spare"], details["prefault"]) == (True, False)
+    assert details["roundtrips"] == {"loaders": 1, "in_spares": 1}
     # Exactly one spare of each kind is ready again.
     assert runner.wait_for_spares(SPARE_WAIT_S)
     assert len(runner.zygote_children()) == 2
+
+
+def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
+    runner = spare_arena.runner
+    assert runner.wait_for_spares(SPARE_WAIT_S)
+    results: list[SandboxResult] = []
+    jobs = [
+        threading.Thread(target=lambda n=n: results.append(_run(runner, spare_arena, n)))
+        for n in ("together-1", "together-2")
+    ]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    details = []
+    for result in results:
+        assert result.report.status == "succeeded", result.error
+        assert result.report.sandbox is not None
+        details.append(result.report.sandbox.details)
+    # One takes the ready spare. The other finds its successor still faulting in pages
+    # (unless it came >50 ms later): it is not made to wait, it gets a fresh fork that
+    # faults them in itself before its lockdown (pages.py).
+    assert sorted(d["spare"] for d in details) in ([False, True], [True, True])
+    for each in details:
+        assert each["prefault"] is not each["spare"]
+    assert runner.wait_for_spares(SPARE_WAIT_S)
+    assert len(runner.zygote_children()) == 2
+
+
+SLEEPER = """
+import time
+import torch
+time.sleep(3)
+model = torch.nn.Linear(4, 3)
+example_args = (torch.randn(2, 4),)
+"""
+
+
+def test_a_spare_made_beside_a_job_holds_none_of_its_descriptors(
+    spare_arena: Arena,
+) -> None:
+    runner = spare_arena.runner
+    assert runner.wait_for_spares(SPARE_WAIT_S)
+    before = set(runner.zygote_children())
+    model = spare_arena.root / f"sleeper-{os.getpid()}.py"
+    model.write_text(SLEEPER)
+    done: list[SandboxResult] = []
+    job = threading.Thread(target=lambda: done.append(spare_arena.run(model)[0]))
+    job.start()
+    try:
+        deadline = time.monotonic() + 10
+        successors: set[int] = set()
+        while not successors and time.monotonic() < deadline:
+            successors = set(runner.zygote_children()) - before
+            time.sleep(0.02)
+        [successor] = successors
+        # ready: past its start, where it closes what it inherited
+        assert runner.wait_for_spares(SPARE_WAIT_S)
+        held = {
+            int(fd): os.readlink(f"/proc/{successor}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{successor}/fd")
+        }
+        assert job.is_alive()  # the job (its import sleeps 3 s) still holds its pipes
+    finally:
+        job.join()
+    beyond = {fd: target for fd, target in held.items() if fd > 2}
+    # its socket to the zygote, nothing of the job's (progress, output, round-trip pipes)
+    assert len(beyond) == 1 and next(iter(beyond.values())).startswith("socket:"), held
+    assert done[0].report.status == "succeeded", done[0].error
 
 
 def test_spares_warming_up_the_slow_way_are_killed_for_work(arena: Arena) -> None:

@@ -1,16 +1,21 @@
 """The zygote's spares, and the pages they learn.
 
-While no job runs, the zygote keeps one forked *spare* job child and one spare loader
-child. The first spare of each kind runs the zygote's own warm-up once more in its own
+The zygote keeps one forked *spare* job child and one spare loader child. The first
+spare of each kind runs the zygote's own warm-up once more in its own
 address space (so the copy-on-write faults and cold caches of a fresh fork are paid
 while the worker is idle) and learns from its page map which pages that touched
 (pages.py); later spares, and fresh forks when no spare is ready, fault those pages in
 with madvise instead (~50 ms against ~750 ms). A spare then says `ready` and waits on
 a private socket. The next CPU job (or round trip) is handed to the ready spare, which
-only then locks itself down exactly as a freshly forked child would and runs it. Work
-that finds no spare ready gets a fresh fork; a spare still running the slow warm-up is
-killed then (it would compete with the job for the CPU), one faulting in learned pages
-is left to finish. GPU jobs always get a fresh fork, never prefaulted.
+only then locks itself down exactly as a freshly forked child would and runs it. Once a
+kind's pages are learned, handing a spare its work forks its successor at once, beside
+the work (~50 ms of one core), so work that comes right after finds a ready spare too:
+back-to-back jobs cost what jobs at an idle worker do. The successor first closes every
+descriptor it inherited but its own socket (the running work's pipes among them). Work
+that finds no spare ready (two jobs at once) gets a fresh fork; a spare still running
+the slow warm-up is killed then (it would compete with the job for the CPU), one
+faulting in learned pages is left to finish. GPU jobs always get a fresh fork, never
+prefaulted.
 
 Messages (zygote → spare): `job` (fds: progress, output, round-trip request and
 answer), `load` (fds: output, answer, payload path in). (spare → zygote): `ready`
@@ -24,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -77,7 +83,8 @@ class Spares:
         """Per spare kind, how many pages those ranges hold (told to the worker)."""
 
     def keep(self) -> None:
-        """While no job runs, make sure a spare of each kind exists (or is warming)."""
+        """While no job runs, make sure a spare of each kind exists (or is warming); while
+        one runs, only `hand_over` makes them (successors that fault in learned pages)."""
         if not self.enabled or self.zygote.jobs:
             return
         for kind in protocol.SPARE_KINDS:
@@ -102,6 +109,12 @@ class Spares:
         Runs only the zygote's own code until the work arrives; never returns."""
         try:
             self.zygote.detach()
+            # A successor forked while work runs (hand_over) would hold that work's pipes
+            # (its progress and output fds, its round-trip pipes) open until it locks
+            # down: keep only the standard streams and its own socket.
+            os.closerange(3, sock.fileno())
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            os.closerange(sock.fileno() + 1, 65536 if soft == resource.RLIM_INFINITY else soft)
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle spare dies with the zygote
             learned, saved = self.pages.get(kind), None
             if learned is not None:
@@ -221,15 +234,20 @@ class Spares:
             )
 
     def hand_over(self, spare: Spare, message: dict[str, Any], fds: list[int]) -> bool:
-        """Send a taken spare its work; False (and the spare killed) when that fails."""
+        """Send a taken spare its work, then fork its successor when that only needs to
+        fault in learned pages; False (and the spare killed) when sending fails."""
         try:
             protocol.send(spare.sock, message, fds)
-            return True
         except (OSError, ValueError):  # gone, or the message too large: a fresh fork
             kill_group(spare.pid)
             return False
         finally:
             spare.sock.close()
+        if self.enabled and spare.kind in self.pages and spare.kind not in self.children:
+            # Its successor, at once: it only faults in learned pages (~50 ms of one core,
+            # beside the work), so work that comes right after this finds it ready.
+            self._fork(spare.kind)
+        return True
 
     def drop(self, spare: Spare, failed: bool) -> None:
         """Kill a spare; after `MAX_SPARE_FAILURES` failed ones in a row, stop making them."""
