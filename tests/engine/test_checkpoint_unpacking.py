@@ -95,3 +95,54 @@ def test_members_stream_to_disk(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert (tmp_path / "out" / "ckpt" / "model.safetensors").stat().st_size == 48 * MiB
     assert peak < 4 * MiB
+
+
+def test_large_stored_members_are_copied_by_the_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = bytes(range(256)) * (8 * 1024 * 3)  # 6 MiB, not one repeated byte
+    archive = stored_zip(
+        tmp_path / "c.zip", {"ckpt/config.json": b"{}", "ckpt/model.safetensors": weights}
+    )
+    calls: list[int] = []
+    real = engine.loading.os.copy_file_range
+
+    def counted(*args: object) -> int:
+        calls.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.loading.os, "copy_file_range", counted)
+    assert unpack_zip(archive, tmp_path / "out") == ["ckpt/config.json", "ckpt/model.safetensors"]
+    assert (tmp_path / "out" / "ckpt" / "model.safetensors").read_bytes() == weights
+    assert (tmp_path / "out" / "ckpt" / "config.json").read_bytes() == b"{}"  # small: zipfile
+    assert calls  # the weights went through the kernel
+
+
+def test_a_refused_kernel_copy_falls_back_to_zipfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = b"\x07" * (2 * MiB)
+    archive = stored_zip(
+        tmp_path / "c.zip", {"ckpt/config.json": b"{}", "ckpt/w.safetensors": weights}
+    )
+
+    def refused(*_: object) -> int:
+        raise PermissionError(1, "Operation not permitted")  # a seccomp that denies it
+
+    monkeypatch.setattr(engine.loading.os, "copy_file_range", refused)
+    unpack_zip(archive, tmp_path / "out")
+    assert (tmp_path / "out" / "ckpt" / "w.safetensors").read_bytes() == weights
+
+
+def test_a_stored_member_whose_header_points_past_the_archive_is_refused(tmp_path: Path) -> None:
+    archive = stored_zip(tmp_path / "c.zip", checkpoint_files(2 * MiB))
+    data = bytearray(archive.read_bytes())
+    with zipfile.ZipFile(archive) as zf:
+        info = zf.getinfo("ckpt/model.safetensors")
+    # the local header's extra-field length now sends the data past the end of the file
+    at = info.header_offset + 28
+    data[at : at + 2] = (0xFFFF).to_bytes(2, "little")
+    archive.write_bytes(bytes(data))
+    with pytest.raises(InvalidRequest) as refused:
+        unpack_zip(archive, tmp_path / "out")
+    assert refused.value.details["reason"] == "bad_zip"
