@@ -275,7 +275,10 @@ class _Exporter:
             )
             result = self.runner.run(job, on_progress=on_progress)
             for name, path in result.artifacts.items():
-                shutil.copyfile(path, out / name)
+                # the worker's own copies, in a directory deleted next: moved, not copied
+                # again (a renaming on the same file system; a 1.1 GB program took 2.8 s
+                # to copy)
+                shutil.move(path, out / name)
             return result.report
 
 
