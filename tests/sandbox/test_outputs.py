@@ -17,6 +17,7 @@ from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner
 from worker.sandbox import SandboxRunner, SandboxSettings
 from worker.sandbox.outputs import Untrusted as _Untrusted
+from worker.sandbox.outputs import take_regular
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +207,77 @@ def test_a_bad_encoder_program_is_untrusted(
         runner()._take_outputs(outputs, tmp_path / "accepted")
     with pytest.raises(_Untrusted):
         runner()._take_outputs(outputs)
+
+
+def test_after_the_exit_a_file_is_moved_out_and_hashed_where_it_lands(
+    outputs: Path, tmp_path: Path
+) -> None:
+    program = outputs / "program.pt2"
+    expected = digest(program)
+    os.chmod(program, 0o600)
+    target = tmp_path / "kept.pt2"
+    info = take_regular(program, target, 1 << 30)
+    assert info is not None and not program.exists()
+    assert (info.size, info.sha256) == (target.stat().st_size, expected)
+    assert digest(target) == expected
+    mode = target.stat()
+    assert (mode.st_uid, mode.st_mode & 0o777) == (os.getuid(), 0o644)
+    assert take_regular(outputs / "absent.pt2", tmp_path / "absent", 1 << 30) is None
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "too large"])
+def test_what_is_not_a_regular_file_within_the_limit_is_refused_and_not_kept(
+    outputs: Path, tmp_path: Path, kind: str
+) -> None:
+    program = outputs / "program.pt2"
+    limit = 1 << 30
+    if kind == "link":
+        _replace_with_link(program, Path("/etc/hostname"))
+    elif kind == "fifo":
+        program.unlink()
+        os.mkfifo(program)
+    else:
+        limit = program.stat().st_size - 1
+    before = digest(Path("/etc/hostname"))
+    with pytest.raises(_Untrusted):
+        take_regular(program, tmp_path / "kept.pt2", limit)
+    assert not (tmp_path / "kept.pt2").exists() and not (tmp_path / "kept.pt2").is_symlink()
+    assert digest(Path("/etc/hostname")) == before
+
+
+def test_on_another_file_system_the_file_is_copied(outputs: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(outputs).st_dev:
+        pytest.fail("this test needs /dev/shm on a file system of its own")
+    program = outputs / "program.pt2"
+    expected = digest(program)
+    target = shm / f"torchport-kept-{os.getpid()}.pt2"
+    try:
+        info = take_regular(program, target, 1 << 30)
+        assert info is not None and info.sha256 == expected == digest(target)
+        assert program.exists()  # copied: the job's file stays, removed with its staging
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def test_a_program_taken_after_the_exit_is_the_one_the_report_lists(arena: Arena) -> None:
+    with fresh_runner(early_copy_bytes=1024, spares=False) as runner:
+        job_dir = arena.root / f"late-{os.getpid()}"
+        from worker.sandbox import SandboxJob
+
+        result = runner.run(
+            SandboxJob(
+                model=arena.model("benign"),
+                inputs=None,
+                weights=None,
+                options=ExportOptions(),
+                job_dir=job_dir,
+            )
+        )
+    assert result.report.status == "succeeded", result.error
+    listed = {a.name: (a.size, a.sha256) for a in result.report.artifacts}
+    for name in ("program.pt2", "graph.json", "signature.json"):
+        path = result.artifacts[name]
+        assert path.parent == job_dir / "out"
+        assert listed[name] == (path.stat().st_size, digest(path))
+        assert path.stat().st_uid == os.getuid()

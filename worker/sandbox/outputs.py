@@ -15,6 +15,7 @@ loader child.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -47,6 +48,7 @@ __all__ = [
     "open_regular",
     "read_regular",
     "take_outputs",
+    "take_regular",
     "validate",
 ]
 
@@ -87,7 +89,7 @@ def take_outputs(
     still exiting, each is copied into `into` (out of the job's reach) as it is
     validated and hashed, so what is accepted is what is kept, whatever the job's
     threads write afterwards; None then when the program is larger than
-    `early_copy_bytes` (copied after the exit instead, by `results.finish`: copying it
+    `early_copy_bytes` (taken after the exit instead, by `results.finish`: copying it
     now would cost more than the exit it overlaps)."""
     s = settings
     program = produced / PROGRAM
@@ -228,6 +230,42 @@ def count_items(data: bytes) -> int:
     object. Those inside strings count too (an upper bound, counted at C speed without
     parsing: ~5 ms for 32 MiB); strings themselves cost only their bytes."""
     return sum(data.count(mark) for mark in (b",", b":", b"[", b"{"))
+
+
+def take_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
+    """Move a file a job wrote to `target` and hash it there, once none of the job's
+    processes is left to change it (after the exit: `results.finish`); a copy
+    (`copy_regular`) when `target` is on another file system. None when there is no such
+    file. Renaming moves a link itself, never what it names; what is then opened is
+    opened without following links (`open_regular`), and anything but a regular file of
+    at most `limit` bytes is refused and removed. The worker then owns it, mode 0644, as
+    it owns a copy: a 1.1 GB program in 0.7 s instead of 3.5 s."""
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EACCES, errno.EPERM):
+            raise Untrusted(f"{path.name} cannot be taken ({exc.strerror})") from exc
+        return copy_regular(path, target, limit, magic=None)  # elsewhere, or not ours
+    try:
+        handle = open_regular(target, limit)
+        if handle is None:
+            raise Untrusted(f"{path.name} disappeared")
+        digest, size = hashlib.sha256(), 0
+        with handle:
+            with contextlib.suppress(PermissionError):  # a worker that is not root
+                os.fchown(handle.fileno(), os.getuid(), os.getgid())
+                os.fchmod(handle.fileno(), 0o644)
+            while chunk := handle.read(1 << 20):
+                size += len(chunk)
+                if size > limit:
+                    raise Untrusted(f"{path.name} is larger than {limit} bytes")
+                digest.update(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return ArtifactInfo(name=path.name, size=size, sha256=digest.hexdigest())
 
 
 def copy_regular(

@@ -12,6 +12,7 @@ import shutil
 import signal
 import tempfile
 import time
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from schemas import (
 )
 from schemas.outcomes import canceled, error_body
 from worker.sandbox import quota
-from worker.sandbox.outputs import Untrusted, copy_regular, take_outputs
+from worker.sandbox.outputs import Untrusted, copy_regular, take_outputs, take_regular
 from worker.sandbox.pipes import ProgressCallback
 from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
 from worker.sandbox.supervisor import Watch
@@ -72,13 +73,17 @@ def finish(
         report = _failed_report(error, time.perf_counter() - started)
         found = {}
     artifacts: dict[str, Path] = {}
+    # Taken where the job wrote them: moved out of its reach when none of its processes
+    # is left (the tree's cgroup or sessions say so), else copied; hashed once either way.
+    alone = watch is None or not watch.tree.members()
+    take = take_regular if alone else partial(copy_regular, magic=None)
     try:
         for name, path in found.items():
             target = out_dir / name
             if name in infos:  # the worker's copy, hashed as it was copied
                 os.replace(path, target)
-            else:  # taken where the job wrote it: copied out of its reach, hashed once
-                copied = copy_regular(path, target, settings.max_program_bytes, magic=None)
+            else:
+                copied = take(path, target, settings.max_program_bytes)
                 if copied is None:
                     raise Untrusted(f"{name} disappeared")
                 infos[name] = copied
