@@ -149,3 +149,50 @@ def test_an_adapter_that_is_no_adapter_directory_is_a_usage_error(
     assert code == 2
     error = json.loads(capsys.readouterr().out)
     assert (error["code"], error["details"]["argument"]) == ("invalid_request", "--adapter")
+
+
+def test_a_directory_exported_in_the_sandbox_is_zipped_once_and_moved_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    copied: list[str] = []
+    real = shutil.copyfile
+
+    def spy(source: object, target: object, **kwargs: object) -> object:
+        copied.append(str(source))
+        return real(source, target, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutil, "copyfile", spy)
+    directory = bert(tmp_path)
+    options = json.dumps({"verify": {"enabled": False}, "decomposition": {"mode": "none"}})
+    out = tmp_path / "out"
+    task = ["--task", "feature-extraction", "--options", options]
+    code = main(["export", str(directory), *task, "--out", str(out), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report["error"]
+    assert report["sandbox"]["layers"][0] == "zygote"
+    assert report["checkpoint"]["model_class"] == "BertModel"
+    assert {"program.pt2", "graph.json", "signature.json", "report.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    # the zip went into the job's staging by a rename, the artifacts into --out likewise
+    assert [c for c in copied if c.endswith(".zip") or Path(c).parent.name == "out"] == []
+
+
+def test_a_spent_file_is_moved_or_copied_then_gone(tmp_path: Path) -> None:
+    from worker.sandbox import SpentFile
+
+    source = tmp_path / "c.zip"
+    source.write_bytes(b"PK\x03\x04 one")
+    SpentFile(source).copy_to(tmp_path / "staged.zip")
+    assert not source.exists() and (tmp_path / "staged.zip").read_bytes() == b"PK\x03\x04 one"
+    shm = Path("/dev/shm")
+    assert shm.is_dir() and shm.stat().st_dev != tmp_path.stat().st_dev
+    source.write_bytes(b"PK\x03\x04 two")
+    target = shm / f"torchport-spent-{tmp_path.name}.zip"
+    try:
+        SpentFile(source).copy_to(target)  # another file system: copied, then removed
+        assert not source.exists() and target.read_bytes() == b"PK\x03\x04 two"
+    finally:
+        target.unlink(missing_ok=True)

@@ -71,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
             )
             _print_error(body, args.json, err)
             return EXIT_USAGE
-        return _run(args, models, err)
+        # our own zips of checkpoint directories: each is moved into its job, not copied
+        spent = {m for m in models if m.parent == Path(zips)}
+        return _run(args, models, err, spent)
 
 
-def _run(args: argparse.Namespace, models: list[Path], err: Console) -> int:
+def _run(args: argparse.Namespace, models: list[Path], err: Console, spent: set[Path]) -> int:
     try:
         options = _options(args)
         if len(models) > 1 and (args.inputs or args.weights or args.calibration):
@@ -119,7 +121,7 @@ def _run(args: argparse.Namespace, models: list[Path], err: Console) -> int:
         return EXIT_USAGE
 
     failed = 0
-    with _Exporter(args, options, err) as exporter:
+    with _Exporter(args, options, err, spent) as exporter:
         for model in models:
             out = args.out if len(models) == 1 else args.out / model.stem
             out.mkdir(parents=True, exist_ok=True)
@@ -198,8 +200,11 @@ class _Exporter:
     in one sandbox started for all of them (its zygote starts once; the models after the
     first start warm)."""
 
-    def __init__(self, args: argparse.Namespace, options: ExportOptions, err: Console) -> None:
+    def __init__(
+        self, args: argparse.Namespace, options: ExportOptions, err: Console, spent: set[Path]
+    ) -> None:
         self.args, self.options, self.err = args, options, err
+        self.spent = spent
         self.runner: Any = None
         self.refused: str | None = None
 
@@ -255,7 +260,7 @@ class _Exporter:
             return run_export(request, progress=on_progress).report
 
     def _sandboxed(self, model: Path, out: Path, on_progress: Any) -> Any:
-        from worker.sandbox import SandboxJob
+        from worker.sandbox import SandboxJob, SpentFile
 
         for name in (*ARTIFACT_NAMES, ENCODER, *TARGET_FILES):  # no earlier run's files here
             (out / name).unlink(missing_ok=True)
@@ -266,7 +271,7 @@ class _Exporter:
         args = self.args
         with tempfile.TemporaryDirectory(prefix="torchport-job-") as tmp:
             job = SandboxJob(
-                model=model.resolve(),
+                model=SpentFile(model) if model in self.spent else model.resolve(),
                 inputs=args.inputs.resolve() if args.inputs else None,
                 weights=args.weights.resolve() if args.weights else None,
                 options=self.options,

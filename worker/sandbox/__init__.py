@@ -26,6 +26,7 @@ from worker.sandbox.settings import (
     SandboxJob,
     SandboxResult,
     SandboxSettings,
+    SpentFile,
     UploadSource,
     local_settings,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "SandboxRunner",
     "SandboxSettings",
     "SandboxUnavailable",
+    "SpentFile",
     "UploadSource",
     "local_settings",
     "probe",
