@@ -192,7 +192,9 @@ def _run_sample(
     try:
         with torch.no_grad():
             eager_args, eager_kwargs = copy.deepcopy((tuple(args), dict(kwargs)))
+            started = time.perf_counter()
             expected = eager(*eager_args, **eager_kwargs)
+            common["eager_s"] = time.perf_counter() - started
     except Exception as exc:
         if label == "example":
             return SampleCheck(status="failed", reason=f"eager run: {_describe(exc)}", **common)
@@ -212,7 +214,9 @@ def _run_sample(
     try:
         with torch.no_grad():
             exported_args, exported_kwargs = copy.deepcopy((tuple(args), dict(kwargs)))
+            started = time.perf_counter()
             actual = exported(*exported_args, **exported_kwargs)
+            common["exported_s"] = time.perf_counter() - started
     except Exception as exc:
         if label != "example" and _outside_guards(exc):
             # The program refuses this input with its own runtime check: the drawn size
@@ -252,7 +256,10 @@ def _run_target_sample(
     """The exported side of a sample run by a target's runtime: outputs only."""
     try:
         with torch.no_grad():
-            actual = runner(*copy.deepcopy((tuple(args), dict(kwargs))))
+            copied = copy.deepcopy((tuple(args), dict(kwargs)))
+            started = time.perf_counter()
+            actual = runner(*copied)
+            common["exported_s"] = time.perf_counter() - started
     except Exception as exc:
         return SampleCheck(status="failed", reason=f"{EXPORTED_RAISED}{_describe(exc)}", **common)
     outputs, reason = _compare_outputs(expected, actual, opts)

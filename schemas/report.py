@@ -122,6 +122,15 @@ class SampleCheck(StrictModel):
     bound: Literal["max_sample_cost", "memory_mb"] | None = Field(
         default=None, description="The bound that skipped the sample, if one did."
     )
+    eager_s: float | None = Field(
+        default=None,
+        description="Seconds the eager model's run on this sample took (null when it did not run).",
+    )
+    exported_s: float | None = Field(
+        default=None,
+        description="Seconds the program's run (or a deployment target's) on this sample "
+        "took (null when it did not run).",
+    )
 
 
 class RoundtripCheck(StrictModel):

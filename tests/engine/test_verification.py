@@ -62,6 +62,9 @@ def test_example_and_samples_pass_with_labels_and_symbols(dynamic: Any) -> None:
         ("['masked']", [3], "float32"),
     ]
     assert all(o.max_abs_error is not None and o.max_abs_error <= 1e-5 for o in example.outputs)
+    # each side's run is timed, per sample: where a slow verification spends its time
+    assert all(s.eager_s is not None and s.eager_s > 0 for s in report.samples)
+    assert all(s.exported_s is not None and s.exported_s > 0 for s in report.samples)
 
 
 def test_samples_cover_min_max_and_honour_derived_dims(dynamic: Any) -> None:
@@ -138,6 +141,7 @@ def test_a_sample_the_eager_model_rejects_is_skipped_not_failed() -> None:
     assert by_label["min"].status == "skipped"
     assert by_label["min"].reason is not None
     assert by_label["min"].reason.startswith("eager run: IndexError")
+    assert (by_label["min"].eager_s, by_label["min"].exported_s) == (None, None)
     assert by_label["max"].status == "passed"
     # No check failed (`passed` keeps that meaning), but it is not verified.
     assert report.passed is True
