@@ -1,6 +1,7 @@
 """Per-job cost of the sandbox: the same export sandboxed vs in an already-warm process.
 
-    python bench/sandbox_overhead.py [--runs 9] [--json OUT]
+    python bench/sandbox_overhead.py [--runs 9] [--json OUT] [--no-baseline-libraries]
+        [--no-warm-libraries]
 
 Four timings per model, interleaved run by run so that drifts in machine load hit all
 of them alike (medians over `--runs`). Each round: same work, idle, back to back,
@@ -15,7 +16,8 @@ repeated; the same-work run comes right before the idle one it is paired with, a
   (spares.py), or in a fresh fork when that is not ready yet; how many of each is
   printed.
 - warm in-process, same work: the same `engine.pipeline.run_export` in this process,
-  which ran the zygote's warm-up, round trip in-process (no isolation at all). Before
+  which imported the model libraries the zygote warmed and ran the zygote's warm-up,
+  round trip in-process (no isolation at all). Before
   each run torch's fake-tensor dispatch cache (`FakeTensorMode.cache`, class-level,
   keyed by op and shapes) is put back to its state after the warm-up, the state every
   sandboxed child starts from; the heap is frozen after the warm-up (`gc.freeze()`),
@@ -33,19 +35,22 @@ same-work of the same round) and their quartiles are printed as well: on a share
 noisy machine they move less with load drifts than a difference of medians. So do
 the lower quartiles (the runs least slowed by other tenants), also printed. Every variant
 does load, trace, decompose, verify, save and the round trip. Also reported: RSS of the
-zygote, private memory of the ready spares, RSS of the idle worker process.
+zygote, private memory of the ready spares, RSS of the idle worker process, and each
+variant's stage times (from the reports).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 TINY = """
@@ -97,6 +102,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--no-baseline-libraries",
+        action="store_true",
+        help="the in-process baseline imports torch alone, not the zygote's warm libraries",
+    )
+    parser.add_argument(
+        "--no-warm-libraries",
+        action="store_true",
+        help="the zygote warms no model library (warm_libraries=[]), so neither side has any",
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="torchport-bench-"))
     os.chmod(root, 0o755)
@@ -108,7 +123,8 @@ def main() -> None:
 
     from worker.sandbox import SandboxJob, SandboxRunner, SandboxSettings
 
-    runner = SandboxRunner(SandboxSettings(work_root=root / "work")).start()
+    warm: dict[str, list[str]] = {"warm_libraries": []} if args.no_warm_libraries else {}
+    runner = SandboxRunner(SandboxSettings(work_root=root / "work", **warm)).start()
     worker_rss = rss_mb()
     assert runner.zygote_pid is not None
     zygote_rss = rss_mb(runner.zygote_pid)
@@ -124,6 +140,12 @@ def main() -> None:
     from schemas import ExportOptions
     from worker.sandbox import warmup
 
+    # The zygote's state, in this process: the model libraries it imported, then its
+    # warm-up (the zygote's order). Without them the two would not do the same work: an
+    # import registers op namespaces that torch's decomposition looks through.
+    libraries = [] if args.no_baseline_libraries else runner.zygote_hello["libraries"]["imported"]
+    for library in libraries:
+        importlib.import_module(library)
     pipeline.warm_up(root / "warm")  # the zygote's warm-up, in this process
     (root / "warm-full").mkdir()
     warmup.warm_full_pipeline(root / "warm-full")
@@ -133,6 +155,9 @@ def main() -> None:
     layers: list[str] = []
     in_spare: list[bool] = []
     """Per back-to-back job, whether it ran in a spare."""
+    stages: dict[tuple[Path, bool | None], list[dict[str, float]]] = defaultdict(list)
+    """Per model and variant (idle True, back to back False, same work None), each run's
+    stage durations from its report."""
     counter = iter(range(1 << 30))
 
     def sandboxed(path: Path, want_spare: bool) -> float:
@@ -152,6 +177,7 @@ def main() -> None:
         else:
             in_spare.append(result.report.sandbox.details["spare"])
         layers = result.report.sandbox.layers
+        stages[(path, want_spare)].append({s.name: s.duration_s for s in result.report.stages})
         return elapsed
 
     def in_process(path: Path, reset: bool) -> float:
@@ -171,6 +197,8 @@ def main() -> None:
         )
         elapsed = time.perf_counter() - started
         assert exported.report.status == "succeeded", exported.report.error
+        if reset:
+            stages[(path, None)].append({s.name: s.duration_s for s in exported.report.stages})
         return elapsed
 
     kinds = ("idle", "back_to_back", "same_work", "repeated")
@@ -237,6 +265,25 @@ def main() -> None:
         )
         rows[list(files).index(name)]["paired_idle_ms"] = statistics.median(paired)
     print(f"back-to-back jobs in a spare: {sum(in_spare)} of {len(in_spare)}")
+    print(f"baseline's libraries (the zygote's): {', '.join(libraries) or 'none'}")
+    print("stages (ms, medians; the rest of a sandboxed job's time is outside its stages):")
+    print("| model | stage | same work | idle | back to back |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    breakdown: dict[str, dict[str, list[float]]] = {}
+    for name, path in files.items():
+        per = {v: stages[(path, v)][1:] for v in (None, True, False)}  # not the warm round
+        breakdown[name] = {}
+        for stage in [*per[None][0], "(sum)"]:
+            cells = [
+                statistics.median(
+                    sum(run.values()) if stage == "(sum)" else run.get(stage, 0.0)
+                    for run in per[variant]
+                )
+                * 1000
+                for variant in (None, True, False)
+            ]
+            breakdown[name][stage] = cells
+            print(f"| {name} | {stage} | " + " | ".join(f"{ms:.0f}" for ms in cells) + " |")
     print(f"fake-tensor cache entries after the warm-up: {len(after_warm_up)}")
     print(
         f"zygote RSS: {zygote_rss:.0f} MB; ready spares' private memory: "
@@ -253,6 +300,8 @@ def main() -> None:
                     "worker_rss_mb": worker_rss,
                     "layers": layers,
                     "back_to_back_in_spare": in_spare,
+                    "baseline_libraries": libraries,
+                    "stages_ms": breakdown,
                     "times": times,
                 },
                 indent=2,
