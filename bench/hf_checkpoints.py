@@ -287,6 +287,7 @@ def real_size(only: list[str] | None, timeout: float, plain_too: bool = True) ->
         "| plain peak MB | wall ratio |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    timed: list[str] = []
     for name, (config_class, model_class, config, task) in REAL.items():
         if only and name not in only:
             continue
@@ -334,6 +335,18 @@ def real_size(only: list[str] | None, timeout: float, plain_too: bool = True) ->
         )
         if report["status"] != "succeeded":
             print(f"<!-- {name}: {report['error']} -->")
+        samples = (report.get("verification") or {}).get("samples") or []
+        if samples:  # where the verifying stage went, per sample: eager / program seconds
+            timed.append(
+                f"{name} verification: "
+                + "; ".join(
+                    f"{s['label']} {s['input_shapes']} {s['eager_s'] or 0:.1f} / "
+                    f"{s['exported_s'] or 0:.1f} s"
+                    for s in samples
+                )
+            )
+    for line in timed:
+        print(line)
 
 
 def main() -> None:
