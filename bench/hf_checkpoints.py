@@ -4,6 +4,7 @@ fresh process each, on checkpoints written here with random weights.
 
     python bench/hf_checkpoints.py checkpoints [--targets onnx,aoti,executorch]
     python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m] [--torchport-only]
+        [--runs N]
 
 `checkpoints`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`
 (whether the program and each target generate eager transformers' tokens), BERT and ViT
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -279,7 +281,30 @@ def checkpoints(targets: list[str], timeout: float, only: list[str] | None = Non
         )
 
 
-def real_size(only: list[str] | None, timeout: float, plain_too: bool = True) -> None:
+def _plain(directory: Path, task: str, out: Path, timeout: float) -> tuple[str, float, float]:
+    """The cold plain-torch script: its stage times, wall seconds and peak MB."""
+    started = time.perf_counter()
+    plain = subprocess.run(
+        [sys.executable, "-c", PLAIN, str(directory), task, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    wall = time.perf_counter() - started
+    facts = json.loads(plain.stdout.strip().splitlines()[-1])
+    times = facts["times"]
+    order = ["start", "loading", "tracing", "decomposing", "saving", "load_and_run"]
+    stages = " / ".join(f"{times[b] - times[a]:.1f}" for a, b in itertools.pairwise(order))
+    return stages, wall, facts["peak_mb"]
+
+
+def real_size(
+    only: list[str] | None, timeout: float, plain_too: bool = True, runs: int = 1
+) -> None:
+    """Per model, `runs` alternated pairs (plain script, then torchport); the row is the
+    pair with the median ratio, and every pair's walls and ratio are printed after the
+    table (one run of a 30-60 s job moves by 10% on this machine)."""
     print(
         "| model | parameters | task | torchport stages s (load / trace / decompose / verify "
         "/ serialize) | torchport stage peaks MB (same order) | torchport wall s | torchport "
@@ -291,34 +316,29 @@ def real_size(only: list[str] | None, timeout: float, plain_too: bool = True) ->
     for name, (config_class, model_class, config, task) in REAL.items():
         if only and name not in only:
             continue
+        pairs: list[tuple[float, str, float | None, float | None, Any, float]] = []
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / name
             count = _save(directory, config_class, model_class, config)
-            plain_stages, plain_wall, plain_peak = "-", None, None
-            if plain_too:
-                started = time.perf_counter()
-                plain = subprocess.run(
-                    [
-                        sys.executable,
-                        "-c",
-                        PLAIN,
-                        str(directory),
-                        task,
-                        str(Path(tmp) / "plain.pt2"),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    check=True,
-                )
-                plain_wall = time.perf_counter() - started
-                facts = json.loads(plain.stdout.strip().splitlines()[-1])
-                times, plain_peak = facts["times"], facts["peak_mb"]
-                order = ["start", "loading", "tracing", "decomposing", "saving", "load_and_run"]
-                plain_stages = " / ".join(
-                    f"{times[b] - times[a]:.1f}" for a, b in itertools.pairwise(order)
-                )
-            report, wall = _torchport(directory, task, Path(tmp) / "out", [], timeout)
+            for run in range(runs):
+                plain_stages, plain_wall, plain_peak = "-", None, None
+                if plain_too:
+                    plain_stages, plain_wall, plain_peak = _plain(
+                        directory, task, Path(tmp) / "plain.pt2", timeout
+                    )
+                out = Path(tmp) / f"out-{run}"
+                report, wall = _torchport(directory, task, out, [], timeout)
+                ratio = wall / plain_wall if plain_wall else 0.0
+                pairs.append((ratio, plain_stages, plain_wall, plain_peak, report, wall))
+        if runs > 1:
+            timed.append(
+                f"{name}: {runs} alternated pairs, torchport / plain wall s: "
+                + "; ".join(f"{p[5]:.1f} / {p[2] or 0:.1f} = {p[0]:.2f}" for p in pairs)
+                + f"; median ratio {statistics.median(p[0] for p in pairs):.2f}"
+            )
+        ratio, plain_stages, plain_wall, plain_peak, report, wall = sorted(
+            pairs, key=lambda p: p[0]
+        )[(len(pairs) - 1) // 2]
         stages = {s["name"]: s["duration_s"] for s in report["stages"]}
         ours = " / ".join(f"{stages.get(s, 0):.1f}" for s in STAGES[:5])
         peaks = {s["name"]: s.get("peak_rss_mb") for s in report["stages"]}
@@ -328,7 +348,7 @@ def real_size(only: list[str] | None, timeout: float, plain_too: bool = True) ->
             f"| {name} | {count / 1e6:.0f}M | {task} | {ours} | {ours_mb} | {wall:.1f} | "
             f"{memory.get('peak_mb', '-')} | {plain_stages} | "
             + (
-                f"{plain_wall:.1f} | {plain_peak:.0f} | {wall / plain_wall:.2f} |"
+                f"{plain_wall:.1f} | {plain_peak:.0f} | {ratio:.2f} |"
                 if plain_wall is not None and plain_peak is not None
                 else "- | - | - |"
             )
@@ -358,13 +378,19 @@ def main() -> None:
     parser.add_argument(
         "--torchport-only", action="store_true", help="real-size: skip the plain-torch script"
     )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="real-size: alternated pairs per model (median)"
+    )
     args = parser.parse_args()
     if args.suite == "checkpoints":
         only = args.only.split(",") if args.only else None
         checkpoints([t for t in args.targets.split(",") if t], args.timeout, only)
     else:
         real_size(
-            args.only.split(",") if args.only else None, args.timeout, not args.torchport_only
+            args.only.split(",") if args.only else None,
+            args.timeout,
+            not args.torchport_only,
+            args.runs,
         )
 
 
