@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -237,9 +238,10 @@ def take_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
     processes is left to change it (after the exit: `results.finish`); a copy
     (`copy_regular`) when `target` is on another file system. None when there is no such
     file. Renaming moves a link itself, never what it names; what is then opened is
-    opened without following links (`open_regular`), and anything but a regular file of
-    at most `limit` bytes is refused and removed. The worker then owns it, mode 0644, as
-    it owns a copy: a 1.1 GB program in 0.7 s instead of 3.5 s."""
+    opened without following links (`open_regular`), and anything but a non-empty regular
+    file of at most `limit` bytes is refused and removed, as `copy_regular` refuses it.
+    The worker then owns it, mode 0644, as it owns a copy: a 1.1 GB program in 0.7 s
+    instead of 3.5 s."""
     try:
         os.rename(path, target)
     except FileNotFoundError:
@@ -252,20 +254,14 @@ def take_regular(path: Path, target: Path, limit: int) -> ArtifactInfo | None:
         handle = open_regular(target, limit)
         if handle is None:
             raise Untrusted(f"{path.name} disappeared")
-        digest, size = hashlib.sha256(), 0
         with handle:
             with contextlib.suppress(PermissionError):  # a worker that is not root
                 os.fchown(handle.fileno(), os.getuid(), os.getgid())
                 os.fchmod(handle.fileno(), 0o644)
-            while chunk := handle.read(1 << 20):
-                size += len(chunk)
-                if size > limit:
-                    raise Untrusted(f"{path.name} is larger than {limit} bytes")
-                digest.update(chunk)
+            return _hashed(handle, path.name, limit, magic=None)
     except BaseException:
         target.unlink(missing_ok=True)
         raise
-    return ArtifactInfo(name=path.name, size=size, sha256=digest.hexdigest())
 
 
 def copy_regular(
@@ -277,16 +273,30 @@ def copy_regular(
     source = open_regular(path, limit)
     if source is None:
         return None
-    digest, size = hashlib.sha256(), 0
     with source, target.open("xb") as copy:
-        while chunk := source.read(1 << 20):
-            if size == 0 and magic is not None and not chunk.startswith(magic):
-                raise Untrusted(f"{path.name} is not a zip archive")
-            size += len(chunk)
-            if size > limit:  # it grew while being read
-                raise Untrusted(f"{path.name} is larger than {limit} bytes")
-            digest.update(chunk)
-            copy.write(chunk)
+        return _hashed(source, path.name, limit, magic, copy.write)
+
+
+def _hashed(
+    source: BinaryIO,
+    name: str,
+    limit: int,
+    magic: bytes | None,
+    write: Callable[[bytes], object] | None = None,
+) -> ArtifactInfo:
+    """Read a job's file to its end in 1 MiB chunks, hashing them (and passing each to
+    `write`): refused when it does not start with `magic`, grew past `limit` while being
+    read, or is empty."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := source.read(1 << 20):
+        if size == 0 and magic is not None and not chunk.startswith(magic):
+            raise Untrusted(f"{name} is not a zip archive")
+        size += len(chunk)
+        if size > limit:  # it grew while being read
+            raise Untrusted(f"{name} is larger than {limit} bytes")
+        digest.update(chunk)
+        if write is not None:
+            write(chunk)
     if size == 0:
-        raise Untrusted(f"{path.name} is empty")
-    return ArtifactInfo(name=path.name, size=size, sha256=digest.hexdigest())
+        raise Untrusted(f"{name} is empty")
+    return ArtifactInfo(name=name, size=size, sha256=digest.hexdigest())
