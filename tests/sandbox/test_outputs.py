@@ -14,7 +14,7 @@ import pytest
 from engine.model import Upload
 from engine.pipeline import ExportRequest, run_export
 from schemas import ExportOptions
-from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner
+from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner, run_benign
 from worker.sandbox import SandboxRunner, SandboxSettings
 from worker.sandbox.outputs import Untrusted as _Untrusted
 from worker.sandbox.outputs import take_regular
@@ -225,7 +225,7 @@ def test_after_the_exit_a_file_is_moved_out_and_hashed_where_it_lands(
     assert take_regular(outputs / "absent.pt2", tmp_path / "absent", 1 << 30) is None
 
 
-@pytest.mark.parametrize("kind", ["link", "fifo", "too large"])
+@pytest.mark.parametrize("kind", ["link", "fifo", "too large", "empty"])
 def test_what_is_not_a_regular_file_within_the_limit_is_refused_and_not_kept(
     outputs: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -236,6 +236,8 @@ def test_what_is_not_a_regular_file_within_the_limit_is_refused_and_not_kept(
     elif kind == "fifo":
         program.unlink()
         os.mkfifo(program)
+    elif kind == "empty":
+        program.write_bytes(b"")
     else:
         limit = program.stat().st_size - 1
     before = digest(Path("/etc/hostname"))
@@ -262,18 +264,8 @@ def test_on_another_file_system_the_file_is_copied(outputs: Path) -> None:
 
 def test_a_program_taken_after_the_exit_is_the_one_the_report_lists(arena: Arena) -> None:
     with fresh_runner(early_copy_bytes=1024, spares=False) as runner:
-        job_dir = arena.root / f"late-{os.getpid()}"
-        from worker.sandbox import SandboxJob
-
-        result = runner.run(
-            SandboxJob(
-                model=arena.model("benign"),
-                inputs=None,
-                weights=None,
-                options=ExportOptions(),
-                job_dir=job_dir,
-            )
-        )
+        result = run_benign(runner, arena, "late")
+    job_dir = arena.root / f"late-{os.getpid()}"
     assert result.report.status == "succeeded", result.error
     listed = {a.name: (a.size, a.sha256) for a in result.report.artifacts}
     for name in ("program.pt2", "graph.json", "signature.json"):
