@@ -197,10 +197,11 @@ def _arrange_fds(keep: dict[int, int]) -> None:
     null = os.open("/dev/null", os.O_RDWR)
     for fd in range(top):
         os.dup2(staged.get(fd, null), fd, inheritable=True)
-    os.closerange(top, _max_fd())
+    os.closerange(top, max_fd())
 
 
-def _max_fd() -> int:
+def max_fd() -> int:
+    """Past the highest descriptor this process may hold (its RLIMIT_NOFILE)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 65536
 

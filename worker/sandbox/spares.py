@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import resource
 import selectors
 import signal
 import socket
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.sandbox import child, pages, protocol
 from worker.sandbox.loader import load
-from worker.sandbox.lockdown import PR_SET_PDEATHSIG, prctl
+from worker.sandbox.lockdown import PR_SET_PDEATHSIG, max_fd, prctl
 from worker.sandbox.processes import close_fd, kill_group, read_status_mb
 from worker.sandbox.warmup import warm_spare
 
@@ -113,8 +112,7 @@ class Spares:
             # (its progress and output fds, its round-trip pipes) open until it locks
             # down: keep only the standard streams and its own socket.
             os.closerange(3, sock.fileno())
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            os.closerange(sock.fileno() + 1, 65536 if soft == resource.RLIM_INFINITY else soft)
+            os.closerange(sock.fileno() + 1, max_fd())
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle spare dies with the zygote
             learned, saved = self.pages.get(kind), None
             if learned is not None:
