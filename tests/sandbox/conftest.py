@@ -258,6 +258,20 @@ def supported_layers() -> set[str]:
     return found
 
 
+def run_benign(runner: SandboxRunner, arena: Arena, name: str) -> SandboxResult:
+    """The benign model run by `runner` (not the arena's own), whatever kind of child it
+    gets, in `arena.root/<name>-<pid>`."""
+    return runner.run(
+        SandboxJob(
+            model=arena.model("benign"),
+            inputs=None,
+            weights=None,
+            options=ExportOptions(),
+            job_dir=arena.root / f"{name}-{os.getpid()}",
+        )
+    )
+
+
 def fresh_runner(**overrides: object) -> SandboxRunner:
     """A runner of its own (for settings the session runner does not have)."""
     return SandboxRunner(SandboxSettings(**overrides))  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from tests.sandbox.conftest import (
     Arena,
     fresh_runner,
     job_processes,
+    run_benign,
     supported_layers,
 )
 from worker.sandbox import SandboxJob, SandboxUnavailable, layers
@@ -159,15 +160,7 @@ def test_zygote_is_restarted_after_it_dies(arena: Arena) -> None:
             if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 break
             time.sleep(0.05)
-        result = runner.run(
-            SandboxJob(
-                model=arena.model("benign"),
-                inputs=None,
-                weights=None,
-                options=ExportOptions(),
-                job_dir=arena.root / "restart",
-            )
-        )
+        result = run_benign(runner, arena, "restart")
         assert result.report.status == "succeeded", result.error
         assert runner.restarts == 1
         assert runner.zygote_pid != first

@@ -11,9 +11,8 @@ import signal
 import threading
 import time
 
-from schemas import ExportOptions
-from tests.sandbox.conftest import SPARE_WAIT_S, Arena, digest, fresh_runner
-from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner
+from tests.sandbox.conftest import SPARE_WAIT_S, Arena, digest, fresh_runner, run_benign
+from worker.sandbox import SandboxResult
 
 
 def test_a_job_at_an_idle_worker_runs_in_a_warm_spare(spare_arena: Arena) -> None:
@@ -42,7 +41,7 @@ def test_work_right_after_work_runs_in_the_spares_successor(spare_arena: Arena) 
     assert first.report.sandbox is not None and first.report.sandbox.details["spare"] is True
     # The next job comes at once. Handing the first its spare forked that spare's
     # successor, which only faulted in learned pages while the first job ran: ready.
-    second = _run(runner, spare_arena, "back-to-back")
+    second = run_benign(runner, spare_arena, "back-to-back")
     assert second.report.status == "succeeded", second.error
     assert second.report.sandbox is not None
     details = second.report.sandbox.details
@@ -58,7 +57,7 @@ def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
     assert runner.wait_for_spares(SPARE_WAIT_S)
     results: list[SandboxResult] = []
     jobs = [
-        threading.Thread(target=lambda n=n: results.append(_run(runner, spare_arena, n)))
+        threading.Thread(target=lambda n=n: results.append(run_benign(runner, spare_arena, n)))
         for n in ("together-1", "together-2")
     ]
     for job in jobs:
@@ -126,7 +125,7 @@ def test_spares_warming_up_the_slow_way_are_killed_for_work(arena: Arena) -> Non
     with fresh_runner() as runner:
         # At once after the start, nothing is learned yet: the first spares run the
         # whole-pipeline warm-up (~700 ms), which would share the CPU with the job.
-        job = _run(runner, arena, "first")
+        job = run_benign(runner, arena, "first")
         assert job.report.status == "succeeded", job.error
         assert job.report.sandbox is not None
         details = job.report.sandbox.details
@@ -167,21 +166,8 @@ def test_spares_that_keep_dying_are_given_up_and_jobs_still_run(arena: Arena) ->
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.002)
         assert runner.wait_for_spares(1.0) is False
-        job = _run(runner, arena, "after")
+        job = run_benign(runner, arena, "after")
         assert job.report.status == "succeeded", job.error
         assert job.report.sandbox is not None
         assert job.report.sandbox.details["spare"] is False
         assert runner.restarts == 0
-
-
-def _run(runner: SandboxRunner, arena: Arena, name: str) -> SandboxResult:
-    """A benign job on `runner`, whatever kind of child it gets."""
-    job_dir = arena.root / f"spares-{name}-{os.getpid()}"
-    job = SandboxJob(
-        model=arena.model("benign"),
-        inputs=None,
-        weights=None,
-        options=ExportOptions(),
-        job_dir=job_dir,
-    )
-    return runner.run(job)
