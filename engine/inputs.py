@@ -128,11 +128,7 @@ def load_safetensors(path: Path, *, source: str = "inputs", stage: str = STAGE) 
     try:
         return safetensors.torch.load_file(str(path), device="cpu")
     except Exception as exc:
-        raise InvalidInputs(
-            f"The .safetensors {source} file cannot be read.",
-            stage=stage,
-            details={"source": source, "format": "safetensors", "exception": type(exc).__name__},
-        ) from exc
+        raise _unreadable("safetensors", source, stage, exc) from exc
 
 
 def load_pt(path: Path, *, source: str = "inputs", stage: str = STAGE) -> Any:
@@ -159,11 +155,15 @@ def load_pt(path: Path, *, source: str = "inputs", stage: str = STAGE) -> Any:
             },
         ) from exc
     except Exception as exc:
-        raise InvalidInputs(
-            f"The .pt {source} file cannot be read.",
-            stage=stage,
-            details={"source": source, "format": "pt", "exception": type(exc).__name__},
-        ) from exc
+        raise _unreadable("pt", source, stage, exc) from exc
+
+
+def _unreadable(kind: str, source: str, stage: str, exc: Exception) -> InvalidInputs:
+    return InvalidInputs(
+        f"The .{kind} {source} file cannot be read.",
+        stage=stage,
+        details={"source": source, "format": kind, "exception": type(exc).__name__},
+    )
 
 
 def _read_safetensors(path: Path) -> Inputs:
