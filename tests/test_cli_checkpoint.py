@@ -196,3 +196,40 @@ def test_a_spent_file_is_moved_or_copied_then_gone(tmp_path: Path) -> None:
         assert not source.exists() and target.read_bytes() == b"PK\x03\x04 two"
     finally:
         target.unlink(missing_ok=True)
+
+
+def test_a_directory_is_zipped_while_the_sandbox_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox's start (seconds: its zygote imports torch) and the checkpoint's zip
+    overlap: the zip is made while the start is under way, and the start's outcome (here a
+    refusal) still reaches the report."""
+    import threading
+
+    import torchport.commands.export as export_command
+    from worker.sandbox import SandboxRunner, SandboxUnavailable
+
+    starting, zipped = threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def start(runner: SandboxRunner) -> SandboxRunner:
+        starting.set()
+        seen["zipped during the start"] = zipped.wait(timeout=30)
+        raise SandboxUnavailable("refused by the test")
+
+    def zipping(*args: object, **kwargs: object) -> Path:
+        seen["start under way"] = starting.wait(timeout=30)
+        try:
+            return upload_path(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            zipped.set()
+
+    monkeypatch.setattr(SandboxRunner, "start", start)
+    monkeypatch.setattr(export_command, "upload_path", zipping)
+    out = tmp_path / "out"
+    code = main(["export", str(bert(tmp_path)), "--out", str(out), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert seen == {"start under way": True, "zipped during the start": True}
+    assert code == 1
+    assert report["error"]["code"] == "sandbox_violation"
+    assert report["error"]["details"]["reason"] == "refused by the test"
