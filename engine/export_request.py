@@ -16,6 +16,7 @@ __all__ = [
     "ExportResult",
     "ProgressCallback",
     "ReportHook",
+    "RoundtripDrop",
     "RoundtripPrefetch",
     "RoundtripRunner",
 ]
@@ -23,6 +24,7 @@ __all__ = [
 ProgressCallback = Callable[[Progress], None]
 RoundtripRunner = Callable[[Path, Path], RoundtripCheck]
 RoundtripPrefetch = Callable[[Path], None]
+RoundtripDrop = Callable[[], None]
 ReportHook = Callable[[ReportDocument], None]
 
 

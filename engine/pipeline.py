@@ -27,7 +27,6 @@ from engine import (
     documents,
     encoder_program,
     environment,
-    foreign_ops,
     generation,
     inputs,
     library_adaptations,
@@ -41,12 +40,13 @@ from engine import (
 )
 from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_FILES, artifact_info
 from engine.dim_names import dim_names
-from engine.errors import ExportError, InternalError, SerializationFailed
+from engine.errors import ExportError, InternalError
 from engine.export_request import (
     ExportRequest,
     ExportResult,
     ProgressCallback,
     ReportHook,
+    RoundtripDrop,
     RoundtripPrefetch,
     RoundtripRunner,
 )
@@ -69,6 +69,7 @@ from engine.pipeline_steps import (
     verification_failed,
     write_json,
 )
+from engine.program_save import EarlySave, save_program
 from engine.source_map import SourceMap
 from schemas import (
     EncoderReport,
@@ -87,6 +88,7 @@ __all__ = [
     "ExportResult",
     "ProgressCallback",
     "ReportHook",
+    "RoundtripDrop",
     "RoundtripPrefetch",
     "RoundtripRunner",
     "run_export",
@@ -100,6 +102,7 @@ def run_export(
     progress: ProgressCallback | None = None,
     roundtrip_runner: RoundtripRunner | None = None,
     roundtrip_prefetch: RoundtripPrefetch | None = None,
+    roundtrip_drop: RoundtripDrop | None = None,
     finish_report: ReportHook | None = None,
 ) -> ExportResult:
     """Export the uploaded model; the report says how it went, whatever happened.
@@ -112,6 +115,10 @@ def run_export(
         roundtrip_prefetch: told the program's path as soon as it is saved, before the
             graph and signature documents and the payload are written, so that a loader
             in another process can load it meanwhile (the sandbox's does); optional.
+        roundtrip_drop: stops the loader told of a program by `roundtrip_prefetch`
+            (the next prefetch or run starts afresh). Given with a prefetch, the program
+            is saved at the start of verification, and loaded while verification runs
+            (engine.program_save.EarlySave); optional.
         finish_report: given the report before it is written, to add what only the
             caller knows (the sandbox's job child: attempts it saw); `report.json` is
             written once, after it.
@@ -133,6 +140,7 @@ def run_export(
                     artifacts,
                     roundtrip_runner or roundtrip.run_in_subprocess,
                     roundtrip_prefetch,
+                    roundtrip_drop,
                 )
             finally:
                 run.warnings.extend(_torch_warnings(caught, run.source_map))
@@ -184,8 +192,11 @@ def _export(
     artifacts: dict[str, Path],
     roundtrip_runner: RoundtripRunner,
     roundtrip_prefetch: RoundtripPrefetch | None = None,
+    roundtrip_drop: RoundtripDrop | None = None,
 ) -> None:
     request, options = run.request, run.request.options
+    roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
+    program = request.out_dir / PROGRAM
     reference = options.verify.enabled
     with run.step("loading", "importing the uploaded module"):
         loaded = loading.load(
@@ -277,8 +288,20 @@ def _export(
         run.sections["model"] = documents.model_summary(ep, names)
 
     example_outputs: list[Any] = []  # the program's, kept for the round trip
+    early: EarlySave | None = None
     if options.verify.enabled:
         with run.step("verifying", "comparing against eager PyTorch"):
+            if roundtrip_wanted and roundtrip_prefetch is not None and roundtrip_drop is not None:
+                run.emit(0.0, "saving program.pt2: a fresh process loads it meanwhile")
+                early = EarlySave.begin(
+                    ep,
+                    program,
+                    loaded.source_map,
+                    prefetch=roundtrip_prefetch,
+                    drop=roundtrip_drop,
+                    encoder=encoder,
+                )
+                run.emit(0.1, "comparing against eager PyTorch")
             checked = verification.verify(
                 ep,
                 pristine,
@@ -297,6 +320,8 @@ def _export(
                 if recovered is not None:
                     ep, checked = recovered
                     example_outputs.clear()  # another program's
+                    if early is not None:  # saved before the program changed
+                        early.discard()
             run.sections["verification"] = checked
             if checked.passed is False:
                 raise verification_failed(checked, undecomposed_passed)
@@ -323,24 +348,19 @@ def _export(
         run.sections["generation"] = made_ready
 
     with run.step("serializing", "torch.export.save"):
-        roundtrip_wanted = options.verify.enabled and options.verify.roundtrip
-        if options.portable or roundtrip_wanted:
-            foreign_ops.check_ops(ep, loaded.source_map)  # before a save whose load would fail
-            if encoder is not None and encoder.program is not None:
-                foreign_ops.check_ops(encoder.program, loaded.source_map)
-        program = request.out_dir / PROGRAM
-        try:
-            torch.export.save(ep, program)
-        except Exception as exc:
-            raise SerializationFailed(
-                f"torch.export.save failed: {type(exc).__name__}: {exc}",
-                hint="Check for constants or custom objects in the model that torch cannot "
-                "serialize.",
-                details={"exception": type(exc).__name__},
-            ) from exc
+        if early is not None and early.error is not None:
+            raise early.error  # the early save's, kept until verification passed
+        if early is None or not early.saved:
+            save_program(
+                ep,
+                program,
+                loaded.source_map,
+                check_ops=options.portable or roundtrip_wanted,
+                encoder=encoder,
+            )
+            if roundtrip_wanted and roundtrip_prefetch is not None:
+                roundtrip_prefetch(program)
         artifacts[PROGRAM] = program
-        if roundtrip_wanted and roundtrip_prefetch is not None:
-            roundtrip_prefetch(program)
         write_json(
             request.out_dir / GRAPH,
             documents.graph_document(ep, loaded.source_map, names),

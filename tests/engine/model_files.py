@@ -30,12 +30,15 @@ def import_model_file(name: str) -> ModuleType:
     return sys.modules[name]
 
 
-def export_file(tmp_path: Path, model: str, options: dict[str, Any] | None = None) -> ExportResult:
-    """Run the whole pipeline on tests/models/<model> with `options`, in `tmp_path`."""
+def export_file(
+    tmp_path: Path, model: str, options: dict[str, Any] | None = None, **callbacks: Any
+) -> ExportResult:
+    """Run the whole pipeline on tests/models/<model> with `options`, in `tmp_path`;
+    `callbacks` go to run_export (progress, roundtrip_runner, ...)."""
     request = ExportRequest(
         upload=Upload(model=MODELS / model),
         options=ExportOptions.model_validate(options or {}),
         out_dir=tmp_path / "out",
         work_dir=tmp_path / "work",
     )
-    return run_export(request)
+    return run_export(request, **callbacks)

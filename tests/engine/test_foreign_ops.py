@@ -27,8 +27,14 @@ def test_torch_namespaces_are_those_of_a_bare_import() -> None:
     assert set(ast.literal_eval(printed)) == TORCH_NAMESPACES
 
 
-def test_an_uploads_own_operator_fails_before_the_save(tmp_path: Path) -> None:
-    result = export(tmp_path, "portable_library_op.py")
+@pytest.mark.parametrize("early", [False, True], ids=["saved-late", "saved-early"])
+def test_an_uploads_own_operator_fails_before_the_save(tmp_path: Path, early: bool) -> None:
+    prefetched: list[Path] = []
+    # with a loader that can be dropped, the program is saved before verification
+    # (engine.program_save.EarlySave); the refusal still comes after it, at the same stage
+    callbacks = {"roundtrip_prefetch": prefetched.append, "roundtrip_drop": lambda: None}
+    result = export(tmp_path, "portable_library_op.py", **(callbacks if early else {}))
+    assert prefetched == []
     error = result.report.error
     assert error is not None and error.code == "non_portable_op"
     assert error.stage == "serializing"

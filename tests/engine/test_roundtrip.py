@@ -249,3 +249,83 @@ def test_the_pipeline_announces_the_saved_program_before_the_round_trip(tmp_path
     off = ExportOptions.model_validate({"verify": {"roundtrip": False}})
     assert export(off, "without").report.status == "succeeded"
     assert events == []
+
+
+def _stage_spy() -> tuple[list[tuple[str, ...]], dict[str, Any]]:
+    """Round-trip callbacks that record what they were told, in which stage, and
+    whether the program was on disk then; the runner runs the round trip in-process."""
+    events: list[tuple[str, ...]] = []
+    stage = {"now": ""}
+
+    def progress(event: Any) -> None:
+        stage["now"] = event.stage
+
+    def prefetch(program: Path) -> None:
+        events.append(("prefetch", stage["now"], str(program.is_file())))
+
+    def drop() -> None:
+        events.append(("drop", stage["now"]))
+
+    def runner(program: Path, payload: Path) -> Any:
+        events.append(("run", stage["now"], str(program.is_file())))
+        return roundtrip.run_in_process(program, payload)
+
+    callbacks = {
+        "progress": progress,
+        "roundtrip_runner": runner,
+        "roundtrip_prefetch": prefetch,
+        "roundtrip_drop": drop,
+    }
+    return events, callbacks
+
+
+def test_with_a_droppable_loader_the_program_is_saved_before_verification(
+    tmp_path: Path,
+) -> None:
+    """The loader loads the program while verification runs (engine.program_save); the
+    stages keep their order and the round trip checks the program saved then."""
+    from tests.engine.model_files import export_file
+
+    events, callbacks = _stage_spy()
+    result = export_file(tmp_path, "docs_conv_batchnorm.py", **callbacks)
+    assert result.succeeded, result.report.error
+    assert events == [("prefetch", "verifying", "True"), ("run", "serializing", "True")]
+    assert [s.name for s in result.report.stages] == [
+        "loading",
+        "tracing",
+        "decomposing",
+        "verifying",
+        "serializing",
+    ]
+    verification = result.report.verification
+    assert verification is not None and verification.roundtrip is not None
+    assert verification.roundtrip.status == "passed"
+    assert result.artifacts["program.pt2"] == tmp_path / "out" / "program.pt2"
+
+
+def test_a_program_changed_by_verification_is_dropped_and_saved_again(tmp_path: Path) -> None:
+    """Diffusers' VAE decoder fails verification once decomposed (group_norm's
+    decomposition raises on it), and the pipeline keeps group_norm to recover: the program
+    saved before verification is not the one delivered, so its loader is dropped, and the
+    recovered program is saved, loaded and checked in the serializing stage."""
+    pytest.importorskip("diffusers")
+    from tests.engine.model_files import export_file
+
+    events, callbacks = _stage_spy()
+    result = export_file(tmp_path, "hf_vae.py", **callbacks)
+    assert result.succeeded, result.report.error
+    decomposition = result.report.decomposition
+    assert decomposition is not None
+    assert decomposition.kept_after_failure == ["aten.group_norm.default"]
+    assert events == [
+        ("prefetch", "verifying", "True"),
+        ("drop", "verifying"),
+        ("prefetch", "serializing", "True"),
+        ("run", "serializing", "True"),
+    ]
+    verification = result.report.verification
+    assert verification is not None and verification.roundtrip is not None
+    assert verification.roundtrip.status == "passed"
+    saved = torch.export.load(tmp_path / "out" / "program.pt2")
+    kept = {str(n.target) for n in saved.graph.nodes if n.op == "call_function"}
+    assert "aten.group_norm.default" in kept

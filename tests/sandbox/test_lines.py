@@ -108,3 +108,19 @@ def test_large_valid_options_reach_the_job(arena: Arena) -> None:
     )
     assert result.error is None, result.error
     assert result.report.status == "succeeded"
+
+
+def test_a_dropped_loader_is_stopped_and_the_round_trip_goes_on(arena: Arena) -> None:
+    """`{"drop": true}` (a job whose program changed after it announced it) is answered
+    `{"dropped": true}` with or without a loader, a loader still loading is stopped
+    unheard, and the job's next round trip gets a loader of its own (the model checks
+    the answers at import, the pipeline's round trip follows)."""
+    restarts = arena.runner.restarts
+    result, _, _ = arena.run(MODELS / "roundtrip_drop.py")
+    report = result.report
+    assert report.status == "succeeded", report.error
+    assert report.verification is not None and report.verification.roundtrip is not None
+    assert report.verification.roundtrip.status == "passed"
+    assert report.sandbox is not None
+    assert report.sandbox.details["roundtrips"]["loaders"] == 2  # the dropped one, then ours
+    assert arena.runner.restarts == restarts

@@ -180,8 +180,9 @@ class RoundtripRequests:
     the payload); calling the object sends the payload's path and waits for the answer.
 
     Request lines on fd 4: `{"pt2", "threads"}` starts a loader, `{"payload"}` hands it
-    the payload (both in one line does both). One JSON line comes back on fd 5
-    (requests.Channel sorts it from toolchain answers).
+    the payload (both in one line does both), `{"drop"}` stops the loader (the program
+    it was loading changed). One JSON line comes back on fd 5 for each round trip and
+    each drop (requests.Channel sorts them from toolchain answers).
     """
 
     def __init__(self) -> None:
@@ -195,6 +196,17 @@ class RoundtripRequests:
         # differently).
         channel().send({"pt2": str(pt2), "threads": torch.get_num_threads()})
         self.prefetched = pt2
+
+    def drop(self) -> None:
+        """Stop the loader of the program prefetched; whatever it answered before is
+        read and discarded, up to the zygote's `{"dropped": true}`."""
+        if self.prefetched is None:
+            return
+        self.prefetched = None
+        channel().send({"drop": True})
+        while (answer := channel().receive("roundtrip")) is not None:
+            if answer.get("dropped") is True:
+                return
 
     def __call__(self, pt2: Path, payload: Path) -> dict[str, Any]:
         if self.prefetched != pt2:
@@ -270,6 +282,7 @@ def run_export_job(root: str) -> int:
             progress=progress,
             roundtrip_runner=roundtrip,
             roundtrip_prefetch=requests.prefetch,
+            roundtrip_drop=requests.drop,
             finish_report=lambda report: _reclassify(report, attempts),
         )
     except MemoryError:

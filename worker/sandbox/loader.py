@@ -1,7 +1,9 @@
 """Round trips, brokered by the zygote: a job child asks on its request pipe for a
 loader of the program it saved (`{"pt2", "threads"}`), the zygote forks one (or hands
 the request to a ready spare loader), passes the payload's path on when the job sends
-it (`{"payload"}`), and writes the loader's one-line answer back to the job.
+it (`{"payload"}`), and writes the loader's one-line answer back to the job. A job whose
+program changed after the prefetch drops its loader (`{"drop": true}`, answered
+`{"dropped": true}`).
 
 The job is untrusted: every line it writes is parsed within bounds, its paths reach
 only a locked-down loader, and at most `MAX_ROUNDTRIPS` loaders run per job. `load`
@@ -63,10 +65,14 @@ class Loaders:
 
     def _on_request_line(self, job: Job, line: bytes) -> None:
         """`{"pt2", "threads"}` starts a loader on that program; `{"payload"}` hands the
-        running loader its payload (both in one line: both). Anything else: a failed
-        answer. The job is untrusted: its paths reach only a locked-down loader."""
+        running loader its payload (both in one line: both); `{"drop": true}` stops it.
+        Anything else: a failed answer. The job is untrusted: its paths reach only a
+        locked-down loader."""
         try:
             request = protocol.loads_untrusted(line, MAX_REQUEST)
+            if request.get("drop") is True:
+                self.drop(job)
+                return
             pt2 = request.get("pt2")
             payload = request.get("payload")
             if pt2 is None and payload is None:
@@ -95,6 +101,13 @@ class Loaders:
                 os.write(job.loader_in, (json.dumps({"payload": str(payload)}) + "\n").encode())
             close_fd(job.loader_in)
             job.loader_in = None
+
+    def drop(self, job: Job) -> None:
+        """`{"drop"}`: kill the job's loader, unheard (its program changed), and say
+        `{"dropped": true}`; an answer it gave before went to the job before this one."""
+        if job.loader_pid is not None:
+            self.finish(job, None, answering=False)
+        answer(job, {"dropped": True})
 
     def confinement(
         self, dirs: dict[str, str], limits: dict[str, int], gpu: bool, fds: list[int]
@@ -147,9 +160,14 @@ class Loaders:
             # loader's exit. The loader is done: it is killed now, and reaped later.
             self.finish(job, None)
 
-    def finish(self, job: Job, status: int | None) -> None:
-        """Answer the job from the loader's output (or its death) and let it go."""
-        self._answer_from_loader(job, status)
+    def finish(self, job: Job, status: int | None, *, answering: bool = True) -> None:
+        """Answer the job from the loader's output (or its death) and let it go; a loader
+        dropped (`answering` false) goes unheard."""
+        if answering:
+            self._answer_from_loader(job, status)
+        elif job.loader_out is not None:
+            job.loader_out.clear()
+            job.loader_out = None
         close_fd(job.loader_in)
         job.loader_in = None
         if job.loader_fd is not None:
