@@ -355,6 +355,13 @@ def real_size(
         )
         if report["status"] != "succeeded":
             print(f"<!-- {name}: {report['error']} -->")
+        trip = (report.get("verification") or {}).get("roundtrip") or {}
+        if trip.get("save_s") is not None:  # where serializing went: the save may be early
+            timed.append(
+                f"{name} program: save {trip['save_s']:.1f} s (at the start of verifying when "
+                f"early), the loader's load + run {trip.get('duration_s') or 0:.1f} s (beside "
+                f"verification), serializing stage {stages.get('serializing', 0):.1f} s"
+            )
         samples = (report.get("verification") or {}).get("samples") or []
         if samples:  # where the verifying stage went, per sample: eager / program seconds
             timed.append(

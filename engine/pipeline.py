@@ -350,8 +350,9 @@ def _export(
     with run.step("serializing", "torch.export.save"):
         if early is not None and early.error is not None:
             raise early.error  # the early save's, kept until verification passed
+        save_s = early.save_s if early is not None else None
         if early is None or not early.saved:
-            save_program(
+            save_s = save_program(
                 ep,
                 program,
                 loaded.source_map,
@@ -377,6 +378,9 @@ def _export(
         write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if roundtrip_wanted:
             check_roundtrip(run, ep, loaded, program, roundtrip_runner, example_outputs[:1] or None)
+            checked_roundtrip = getattr(run.sections.get("verification"), "roundtrip", None)
+            if checked_roundtrip is not None:
+                checked_roundtrip.save_s = save_s
         if encoder is not None and encoder_report is not None:
             artifacts[encoder_program.ENCODER_PROGRAM] = encoder_program.save(
                 run, encoder, encoder_report, roundtrip_runner if roundtrip_wanted else None

@@ -14,6 +14,7 @@ serializing stage, as without the early save.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +36,16 @@ def save_program(
     *,
     check_ops: bool,
     encoder: Any = None,
-) -> None:
+) -> float:
     """`torch.export.save(ep, path)`; with `check_ops`, first refuse operators a torch-only
     loader cannot resolve (`non_portable_op`), the encoder's too (`encoder`: an
-    encoder-decoder model's `EncoderSpec`, saved later by encoder_program)."""
+    encoder-decoder model's `EncoderSpec`, saved later by encoder_program). Returns the
+    save's seconds."""
     if check_ops:
         foreign_ops.check_ops(ep, source_map)  # before a save whose load would fail
         if encoder is not None and encoder.program is not None:
             foreign_ops.check_ops(encoder.program, source_map)
+    started = time.perf_counter()
     try:
         torch.export.save(ep, path)
     except Exception as exc:
@@ -51,6 +54,7 @@ def save_program(
             hint="Check for constants or custom objects in the model that torch cannot serialize.",
             details={"exception": type(exc).__name__},
         ) from exc
+    return time.perf_counter() - started
 
 
 @dataclass
@@ -66,6 +70,7 @@ class EarlySave:
     drop: Callable[[], None]
     saved: bool = False
     error: Exception | None = None
+    save_s: float | None = None
 
     @classmethod
     def begin(
@@ -80,7 +85,7 @@ class EarlySave:
     ) -> EarlySave:
         early = cls(path, drop)
         try:
-            save_program(ep, path, source_map, check_ops=True, encoder=encoder)
+            early.save_s = save_program(ep, path, source_map, check_ops=True, encoder=encoder)
         except Exception as exc:  # raised in the serializing stage, after verification
             path.unlink(missing_ok=True)
             early.error = exc

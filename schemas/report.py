@@ -144,6 +144,11 @@ class RoundtripCheck(StrictModel):
         "target's accuracy against the float eager model; null when not quantized.",
     )
     duration_s: float | None = None
+    save_s: float | None = Field(
+        default=None,
+        description="Seconds `torch.export.save` of the program took (in the sandbox at the "
+        "start of `verifying`, while the loader then loads it); null for other artifacts.",
+    )
     loader: str | None = Field(default=None, description="Where the load ran.")
     reason: str | None = None
     outputs: list[OutputCheck] = Field(default_factory=list)

@@ -300,6 +300,7 @@ def test_with_a_droppable_loader_the_program_is_saved_before_verification(
     verification = result.report.verification
     assert verification is not None and verification.roundtrip is not None
     assert verification.roundtrip.status == "passed"
+    assert verification.roundtrip.save_s is not None and verification.roundtrip.save_s > 0
     assert result.artifacts["program.pt2"] == tmp_path / "out" / "program.pt2"
 
 
@@ -326,6 +327,7 @@ def test_a_program_changed_by_verification_is_dropped_and_saved_again(tmp_path: 
     verification = result.report.verification
     assert verification is not None and verification.roundtrip is not None
     assert verification.roundtrip.status == "passed"
+    assert verification.roundtrip.save_s is not None and verification.roundtrip.save_s > 0
     saved = torch.export.load(tmp_path / "out" / "program.pt2")
     kept = {str(n.target) for n in saved.graph.nodes if n.op == "call_function"}
     assert "aten.group_norm.default" in kept
