@@ -76,6 +76,7 @@ from schemas import (
     ErrorBody,
     ExportOptions,
     ReportDocument,
+    RoundtripCheck,
     TargetResult,
     VerifyOptions,
 )
@@ -348,8 +349,6 @@ def _export(
         run.sections["generation"] = made_ready
 
     with run.step("serializing", "torch.export.save"):
-        if early is not None and early.error is not None:
-            raise early.error  # the early save's, kept until verification passed
         save_s = early.save_s if early is not None else None
         if early is None or not early.saved:
             save_s = save_program(
@@ -377,10 +376,13 @@ def _export(
         )
         write_json(request.out_dir / SIGNATURE, signature, artifacts)
         if roundtrip_wanted:
-            check_roundtrip(run, ep, loaded, program, roundtrip_runner, example_outputs[:1] or None)
-            checked_roundtrip = getattr(run.sections.get("verification"), "roundtrip", None)
-            if checked_roundtrip is not None:
-                checked_roundtrip.save_s = save_s
+
+            def timed_runner(pt2: Path, payload: Path) -> RoundtripCheck:
+                check = roundtrip_runner(pt2, payload)
+                check.save_s = save_s  # in the report whether the round trip passes or not
+                return check
+
+            check_roundtrip(run, ep, loaded, program, timed_runner, example_outputs[:1] or None)
         if encoder is not None and encoder_report is not None:
             artifacts[encoder_program.ENCODER_PROGRAM] = encoder_program.save(
                 run, encoder, encoder_report, roundtrip_runner if roundtrip_wanted else None

@@ -9,7 +9,8 @@ serializing stage then only writes the documents and waits for what is left of t
 Verification never changes the program, except when it fails and the pipeline keeps
 operators undecomposed to recover (`keep_ops_until_verified`): then the early program is
 discarded (its loader dropped, the file removed) and the new one is saved in the
-serializing stage, as without the early save.
+serializing stage, as without the early save; so is a program whose early check or save
+failed.
 """
 
 from __future__ import annotations
@@ -61,15 +62,15 @@ def save_program(
 class EarlySave:
     """The program saved before verification and announced to the round trip's loader.
 
-    A failure of the check or the save is kept in `error`, not raised: verification runs
-    first as it did (its failure is the one reported), and the serializing stage raises
-    the kept error, where it belongs.
+    A check or save that fails here is not reported here: the file is removed and the
+    serializing stage saves as without the early save, so its error comes after
+    verification's and at its own stage (with what the sandbox saw the upload attempt
+    during it).
     """
 
     path: Path
     drop: Callable[[], None]
     saved: bool = False
-    error: Exception | None = None
     save_s: float | None = None
 
     @classmethod
@@ -86,9 +87,10 @@ class EarlySave:
         early = cls(path, drop)
         try:
             early.save_s = save_program(ep, path, source_map, check_ops=True, encoder=encoder)
-        except Exception as exc:  # raised in the serializing stage, after verification
+        except MemoryError:
+            raise
+        except Exception:  # saved again, and reported, at the serializing stage
             path.unlink(missing_ok=True)
-            early.error = exc
             return early
         early.saved = True
         prefetch(path)
@@ -100,4 +102,4 @@ class EarlySave:
         if self.saved:
             self.drop()
             self.path.unlink(missing_ok=True)
-        self.saved, self.error = False, None
+        self.saved, self.save_s = False, None

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine import roundtrip
+from engine.source_map import SourceMap
 from tests.engine.model_files import import_model_file as fixture
 
 
@@ -331,3 +332,35 @@ def test_a_program_changed_by_verification_is_dropped_and_saved_again(tmp_path: 
     saved = torch.export.load(tmp_path / "out" / "program.pt2")
     kept = {str(n.target) for n in saved.graph.nodes if n.op == "call_function"}
     assert "aten.group_norm.default" in kept
+
+
+def test_an_early_save_that_fails_leaves_nothing_and_announces_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed early save is not reported where it happened: the file is gone, no
+    loader was told of it, and the serializing stage saves (and fails) again."""
+    from engine.program_save import EarlySave
+
+    ep = torch.export.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),))
+    path = tmp_path / "program.pt2"
+
+    def broken_save(program: Any, target: Any) -> None:
+        Path(target).write_bytes(b"half a zip")
+        raise RuntimeError("disk gone")
+
+    told: list[object] = []
+    monkeypatch.setattr(torch.export, "save", broken_save)
+    early = EarlySave.begin(
+        ep, path, SourceMap(tmp_path), prefetch=told.append, drop=lambda: told.append("drop")
+    )
+    assert (early.saved, early.save_s, path.exists(), told) == (False, None, False, [])
+    early.discard()  # nothing was announced: nothing to drop
+    assert told == []
+
+    monkeypatch.undo()
+    early = EarlySave.begin(
+        ep, path, SourceMap(tmp_path), prefetch=told.append, drop=lambda: told.append("drop")
+    )
+    assert early.saved and early.save_s is not None and told == [path]
+    early.discard()
+    assert told == [path, "drop"] and not path.exists() and not early.saved

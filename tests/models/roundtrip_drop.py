@@ -1,6 +1,7 @@
 # Speaks the round-trip protocol by hand at import (fd 4 out, fd 5 back): a drop with no
-# loader, then a loader of a program of its own dropped while it loads. What came back
-# is kept in DROP_ANSWERS; the pipeline's own round trip follows.
+# loader, a loader of a program of its own dropped while it loads, and a drop after an
+# answer (a second loader asked for while one runs is refused at once). The answers are
+# checked here; the pipeline's own round trip follows.
 import json
 import os
 import tempfile
@@ -33,6 +34,12 @@ os.write(4, b'{"drop": true}\n')
 DROP_ANSWERS += _answers_until_dropped()
 if DROP_ANSWERS != [{"dropped": True}, {"dropped": True}]:
     raise RuntimeError(f"unexpected answers: {DROP_ANSWERS}")
+os.write(4, (json.dumps({"pt2": program, "threads": 1}) + "\n").encode())
+os.write(4, (json.dumps({"pt2": program, "threads": 1}) + "\n").encode())  # refused at once
+os.write(4, b'{"drop": true}\n')
+late = _answers_until_dropped()
+if [a.get("reason") for a in late] != ["too many round-trip requests", None]:
+    raise RuntimeError(f"unexpected answers: {late}")
 
 model = Model()
 example_args = (torch.ones(2),)

@@ -112,9 +112,10 @@ def test_large_valid_options_reach_the_job(arena: Arena) -> None:
 
 def test_a_dropped_loader_is_stopped_and_the_round_trip_goes_on(arena: Arena) -> None:
     """`{"drop": true}` (a job whose program changed after it announced it) is answered
-    `{"dropped": true}` with or without a loader, a loader still loading is stopped
-    unheard, and the job's next round trip gets a loader of its own (the model checks
-    the answers at import, the pipeline's round trip follows)."""
+    `{"dropped": true}` with or without a loader, after any answer given before it; a
+    loader still loading is stopped unheard, and the job's next round trip gets a loader
+    of its own (the model checks the answers at import, the pipeline's round trip
+    follows)."""
     restarts = arena.runner.restarts
     result, _, _ = arena.run(MODELS / "roundtrip_drop.py")
     report = result.report
@@ -122,5 +123,22 @@ def test_a_dropped_loader_is_stopped_and_the_round_trip_goes_on(arena: Arena) ->
     assert report.verification is not None and report.verification.roundtrip is not None
     assert report.verification.roundtrip.status == "passed"
     assert report.sandbox is not None
-    assert report.sandbox.details["roundtrips"]["loaders"] == 2  # the dropped one, then ours
+    # the two dropped (the refused request started none), then the pipeline's own
+    assert report.sandbox.details["roundtrips"]["loaders"] == 3
     assert arena.runner.restarts == restarts
+
+
+def test_a_job_that_does_not_read_its_answers_is_killed_not_waited_for(arena: Arena) -> None:
+    """8,000 requests whose answers the job never reads would fill its answer pipe and
+    block the zygote, which serves every job: the zygote kills the job instead."""
+    restarts = arena.runner.restarts
+    result, elapsed, _ = arena.run(_model(arena, "answer_flood"), options={"timeout_s": 90})
+    assert result.report.status == "failed"
+    assert result.error is not None
+    assert result.error.code == "sandbox_violation"
+    assert result.error.details["reason"].startswith("round-trip answers left unread")
+    assert elapsed < 60  # killed when the pipe filled, not at its 90 s timeout
+    assert arena.runner.restarts == restarts
+    assert arena.runner.zygote_pid == arena.zygote_pid
+    benign, _, _ = arena.run(arena.model("benign"))
+    assert benign.report.status == "succeeded"

@@ -13,9 +13,12 @@ is what runs in the loader child itself.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import selectors
+import struct
+import termios
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +53,7 @@ class Loaders:
             got = 0
         if not got:
             if job.requests.length == len(job.requests.buffer):  # one line fills it all
+                job.killed_for = "a round-trip request line over its size limit"
                 kill_group(job.pid)
                 return
             self.zygote.selector.unregister(job.request_fd)
@@ -125,6 +129,7 @@ class Loaders:
         payload's path on its fd 4."""
         zygote = self.zygote
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(out_r, False)  # the zygote never waits on a loader
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         job.loader_started = time.perf_counter()
         spare = None if job.gpu else zygote.spares.take("loader")
@@ -150,9 +155,12 @@ class Loaders:
 
     def on_output(self, job: Job) -> None:
         """Read the loader's answer; answer the job as soon as its line is complete."""
-        assert job.loader_fd is not None and job.loader_out is not None
+        if job.loader_fd is None or job.loader_out is None:
+            return  # dropped in this batch of events
         try:
             got = job.loader_out.read_from(job.loader_fd)
+        except BlockingIOError:
+            return  # nothing yet (a stale event for a pipe of this number)
         except OSError:
             got = 0
         if not got or job.loader_out.line_length() or job.loader_out.full:
@@ -202,9 +210,24 @@ class Loaders:
 
 
 def answer(job: Job, reply: dict[str, Any]) -> None:
-    """Write one answer line to the job's round-trip answer pipe (gone: nothing)."""
+    """Write one answer line to the job's round-trip answer pipe (gone: nothing). A job
+    whose pipe is half full has not read its answers (a flood of requests; an honest job
+    leaves one or two): it is killed rather than waited for, since the zygote serves
+    every tenant. Half: small writes fill the pipe's pages only nearly, so a pipe of
+    64 KiB blocked a write of 18 bytes with 65,376 bytes unread."""
+    line = (json.dumps(reply) + "\n").encode()
     with contextlib.suppress(OSError):
-        os.write(job.answer_fd, (json.dumps(reply) + "\n").encode())
+        room = fcntl.fcntl(job.answer_fd, fcntl.F_GETPIPE_SZ) // 2
+        if _unread(job.answer_fd) + len(line) > room:
+            job.killed_for = "round-trip answers left unread (a flood of requests)"
+            kill_group(job.pid)
+            return
+        os.write(job.answer_fd, line)
+
+
+def _unread(fd: int) -> int:
+    """The bytes written to pipe `fd` and not read yet."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
 
 
 def load(pt2: str, threads: int) -> int:

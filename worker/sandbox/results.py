@@ -161,6 +161,13 @@ def map_error(
         if code == "sandbox_violation":
             message = f"The sandbox could not be set up, so the job was not run: {message}"
         return ErrorBody.model_validate({"code": code, "message": message})
+    if exit_info.get("killed_for"):
+        return ErrorBody(
+            code="sandbox_violation",
+            message=f"The sandbox stopped the job: {exit_info['killed_for']}.",
+            hint="Uploaded code may not write to file descriptors it did not open.",
+            details={"reason": exit_info["killed_for"]},
+        )
     signum = exit_info.get("signal")
     if signum == signal.SIGXCPU:
         return error_body("timeout", "The job used up its CPU time limit and was stopped.")

@@ -92,7 +92,10 @@ def supervise(
                 trips = message.get("roundtrips")
                 if isinstance(trips, dict):
                     watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
-                return verdict, {"code": message.get("code"), "signal": message.get("signal")}
+                exit_info = {"code": message.get("code"), "signal": message.get("signal")}
+                if message.get("killed_for"):
+                    exit_info["killed_for"] = str(message["killed_for"])[:200]
+                return verdict, exit_info
             elif op == "dead":
                 return verdict or "zygote_died", {}
             elif op == "helper":  # a loader or toolchain child of the job

@@ -180,11 +180,14 @@ class Zygote:
                         self.spares.on_message(name)
                         continue
                     job = self.jobs.get(name)
-                    if job is not None:
-                        if kind == "request":
-                            self.loaders.on_request(job)
-                        else:
-                            self.loaders.on_output(job)
+                    # An event of this batch may be stale: a request handled before it
+                    # (a drop) closed that loader's pipe, and a new pipe may have its number.
+                    if job is None:
+                        continue
+                    if kind == "request" and key.fd == job.request_fd:
+                        self.loaders.on_request(job)
+                    elif kind == "loader" and key.fd == job.loader_fd:
+                        self.loaders.on_output(job)
             self._reap()
             self.spares.keep()
 
@@ -396,6 +399,7 @@ class Zygote:
                 "id": job.id,
                 "code": code,
                 "signal": signum,
+                "killed_for": job.killed_for,
                 "roundtrips": {"loaders": job.roundtrips, "in_spares": job.loader_spares},
             },
         )

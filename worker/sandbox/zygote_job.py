@@ -32,6 +32,9 @@ class Job:
     requests: Requests = field(default_factory=lambda: Requests(MAX_REQUEST))
     """What the job wrote on its request pipe, zeroed as it is used."""
     roundtrips: int = 0
+    killed_for: str | None = None
+    """Why the zygote killed the job, when it did (a request line too long, answers left
+    unread): reported as `sandbox_violation`, not as the memory killer's SIGKILL."""
     loader_spares: int = 0
     loader_pid: int | None = None
     loader_fd: int | None = None
