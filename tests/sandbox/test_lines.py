@@ -5,6 +5,7 @@ and depth bounds (protocol.loads_untrusted), and a malformed one is that job's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -142,3 +143,45 @@ def test_a_job_that_does_not_read_its_answers_is_killed_not_waited_for(arena: Ar
     assert arena.runner.zygote_pid == arena.zygote_pid
     benign, _, _ = arena.run(arena.model("benign"))
     assert benign.report.status == "succeeded"
+
+
+def test_a_loaders_answer_is_passed_on_while_read_and_given_up_when_not() -> None:
+    """A loader's answer may be larger than a pipe holds: the zygote writes it as the job
+    reads, and gives up on a job that leaves it unread (it would block every job)."""
+    import threading
+
+    from worker.sandbox.relay import Relay, UnreadAnswer
+
+    line = b'{"outputs": "' + b"x" * (200 << 10) + b'"}\n'
+    for reading in (True, False):
+        loader_r, loader_w = os.pipe()
+        job_r, job_w = os.pipe()
+        got = bytearray()
+
+        reader = threading.Thread(target=_read_all, args=(job_r, got), daemon=True)
+        try:
+            relay = Relay(len(line) + 16)
+            writer = threading.Thread(target=os.write, args=(loader_w, line), daemon=True)
+            writer.start()
+            while relay.line_length() == 0:
+                relay.read_from(loader_r)
+            if reading:
+                reader.start()
+                assert relay.pass_on(job_w, wait_s=10)
+                os.close(job_w)
+                reader.join(timeout=10)
+                assert bytes(got) == line
+            else:
+                started = time.monotonic()
+                with pytest.raises(UnreadAnswer):
+                    relay.pass_on(job_w, wait_s=0.5)
+                assert time.monotonic() - started < 5
+        finally:
+            for fd in (loader_r, loader_w, job_r, job_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _read_all(fd: int, into: bytearray) -> None:
+    while chunk := os.read(fd, 1 << 16):
+        into.extend(chunk)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from worker.sandbox import child, protocol
 from worker.sandbox.lockdown import Confinement
 from worker.sandbox.processes import close_fd, describe_status, kill_group
-from worker.sandbox.relay import MAX_REQUEST, TOOLCHAIN, Relay
+from worker.sandbox.relay import MAX_REQUEST, TOOLCHAIN, Relay, UnreadAnswer
 from worker.sandbox.requests import MAX_ANSWER
 
 if TYPE_CHECKING:
@@ -191,7 +191,13 @@ class Loaders:
     def _answer_from_loader(self, job: Job, status: int | None) -> None:
         """Pass the loader's line on unparsed (relay.py), or say that it gave none."""
         relay, job.loader_out = job.loader_out, None
-        if relay is None or not relay.pass_on(job.answer_fd):
+        try:
+            passed = relay is not None and relay.pass_on(job.answer_fd)
+        except UnreadAnswer:
+            job.killed_for = "a round-trip answer left unread"
+            kill_group(job.pid)
+            passed = True
+        if not passed:
             died = "no answer" if status is None else describe_status(status)
             reason, duration = f"the loader died ({died})", time.perf_counter() - job.loader_started
             answer(job, {"status": "failed", "reason": reason, "duration_s": duration})

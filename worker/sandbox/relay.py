@@ -12,13 +12,22 @@ buffer is let go (`clear`). The job parses the line itself, within bounds
 from __future__ import annotations
 
 import os
+import select
+import time
 
-__all__ = ["MAX_REQUEST", "TOOLCHAIN", "Relay", "Requests"]
+__all__ = ["MAX_REQUEST", "PASS_ON_S", "TOOLCHAIN", "Relay", "Requests", "UnreadAnswer"]
 
 MAX_REQUEST = 1 << 16
 """The longest request line a job may write (a longer one kills it)."""
 TOOLCHAIN = b"TOOLCHAIN"
 """What a toolchain request line starts with (then its JSON: toolchain.py)."""
+PASS_ON_S = 10.0
+"""How long the zygote waits for a job to read a loader's answer (up to 1 MiB, more than
+its pipe holds) before it gives up on the job: the zygote serves every job."""
+
+
+class UnreadAnswer(Exception):
+    """The job did not read the answer it asked for within `PASS_ON_S`."""
 
 
 class Relay:
@@ -46,16 +55,24 @@ class Relay:
         """The length of the first complete line, newline included; 0 without one."""
         return self.buffer.find(b"\n", 0, self.length) + 1
 
-    def pass_on(self, fd: int) -> bool:
+    def pass_on(self, fd: int, wait_s: float = PASS_ON_S) -> bool:
         """Write the first complete line to `fd` as it was read; False without one. A job
-        gone (its pipe closed) counts as passed on."""
+        gone (its pipe closed) counts as passed on. Written a pipe's page at a time when
+        the pipe has room; `UnreadAnswer` when the job leaves it full for `wait_s`."""
         end = self.line_length()
         if end == 0:
             return False
         written = 0
+        deadline = time.monotonic() + wait_s
         try:
             while written < end:
-                written += os.write(fd, self.view[written:end])
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([], [fd], [], left)[1]:
+                    raise UnreadAnswer(f"{end - written} bytes not read in {wait_s:.0f} s")
+                chunk = self.view[written : min(end, written + select.PIPE_BUF)]
+                written += os.write(fd, chunk)
+        except UnreadAnswer:
+            raise
         except OSError:
             pass
         return True
