@@ -268,7 +268,6 @@ class _Exporter:
         if self._starting.is_alive():
             with self.err.status("starting the sandbox", spinner="dots"):
                 self._starting.join()
-        self._starting.join()
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure

@@ -53,8 +53,7 @@ class Loaders:
             got = 0
         if not got:
             if job.requests.length == len(job.requests.buffer):  # one line fills it all
-                job.killed_for = "a round-trip request line over its size limit"
-                kill_group(job.pid)
+                job.stop("a round-trip request line over its size limit")
                 return
             self.zygote.selector.unregister(job.request_fd)
             close_fd(job.request_fd)
@@ -155,8 +154,7 @@ class Loaders:
 
     def on_output(self, job: Job) -> None:
         """Read the loader's answer; answer the job as soon as its line is complete."""
-        if job.loader_fd is None or job.loader_out is None:
-            return  # dropped in this batch of events
+        assert job.loader_fd is not None and job.loader_out is not None
         try:
             got = job.loader_out.read_from(job.loader_fd)
         except BlockingIOError:
@@ -194,8 +192,7 @@ class Loaders:
         try:
             passed = relay is not None and relay.pass_on(job.answer_fd)
         except UnreadAnswer:
-            job.killed_for = "a round-trip answer left unread"
-            kill_group(job.pid)
+            job.stop("a round-trip answer left unread")
             passed = True
         if not passed:
             died = "no answer" if status is None else describe_status(status)
@@ -225,8 +222,7 @@ def answer(job: Job, reply: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
         room = fcntl.fcntl(job.answer_fd, fcntl.F_GETPIPE_SZ) // 2
         if _unread(job.answer_fd) + len(line) > room:
-            job.killed_for = "round-trip answers left unread (a flood of requests)"
-            kill_group(job.pid)
+            job.stop("round-trip answers left unread (a flood of requests)")
             return
         os.write(job.answer_fd, line)
 

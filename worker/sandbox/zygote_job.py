@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker.sandbox.lockdown import Confinement
+from worker.sandbox.processes import kill_group
 from worker.sandbox.relay import MAX_REQUEST, Relay, Requests
 
 __all__ = ["Job", "ZygoteHost"]
@@ -52,6 +53,11 @@ class Job:
     """Its status pipe: "R" when it refused the request (and answered it) itself; closed
     without a byte when it exec'd the program."""
     toolchain_runs: int = 0
+
+    def stop(self, reason: str) -> None:
+        """Kill the job's process group for `reason` (`killed_for`)."""
+        self.killed_for = reason
+        kill_group(self.pid)
 
     def helpers(self) -> list[int]:
         """The job's other processes: its loaders and its toolchain child."""
