@@ -259,14 +259,20 @@ def make_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     torch, so every child inherits it. Its default keeps idle worker threads spinning
     for ~300,000 pauses after each parallel region, taking a core from the other
     process of the job: the job child and its loader run side by side during the round
-    trip. 10,000 keeps a short spin between back-to-back regions. Measured on the
-    transformer block at an idle worker (18 paired runs): -37 ms median per job."""
+    trip. 1,000 keeps a short spin between back-to-back regions. A job's
+    OpenMP thread that the scheduler put on its main thread's core (it does while the
+    other core is busy: the zygote forking a successor spare, which then faults in its
+    pages) waits out the whole spin before the other can run: `perf sched` showed the
+    two threads taking turns on one core every ~0.25 ms at 10,000 while the other core
+    idled, a transformer block's forward taking 8 ms instead of 0.7 ms for ~50 ms; at
+    1,000 it takes ~2.2 ms then. Uncontended, 1,000 and 10,000 run the same (0.65 ms
+    per forward, 0.96 ms at 300). See docs/sandbox.md."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/nonexistent",
         "LANG": "C.UTF-8",
         "USER": "sandbox",
         "LOGNAME": "sandbox",
-        "GOMP_SPINCOUNT": "10000",
+        "GOMP_SPINCOUNT": "1000",
         **(extra or {}),
     }
