@@ -65,5 +65,5 @@ def install() -> bool:
     shim.__dict__.update(typing.__dict__)
     shim.__name__ = _SHIM_NAME
     shim.get_type_hints = get_type_hints  # type: ignore[attr-defined]
-    serialize.typing = shim  # type: ignore[attr-defined]
+    serialize.typing = shim
     return True
