@@ -149,8 +149,16 @@ class Arena:
         return result, elapsed, job_dir
 
 
-def job_processes(uid: int = JOB_UID) -> list[int]:
-    """Live processes running as the job uid."""
+def job_uids() -> set[int]:
+    """The uids a root worker's jobs run as: slot 0's, or another slot's (a job still
+    exiting holds its slot, so the next one, of this runner or another, may get slot 1)."""
+    base = SandboxSettings().slot_uid_base
+    return {JOB_UID, *range(base + 1, base + 64)}
+
+
+def job_processes() -> list[int]:
+    """Live processes running as a job's uid (`job_uids`)."""
+    uids = job_uids()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -158,7 +166,7 @@ def job_processes(uid: int = JOB_UID) -> list[int]:
         try:
             with open(f"/proc/{entry}/status") as handle:
                 for line in handle:
-                    if line.startswith("Uid:") and int(line.split()[1]) == uid:
+                    if line.startswith("Uid:") and int(line.split()[1]) in uids:
                         found.append(int(entry))
         except OSError:
             continue

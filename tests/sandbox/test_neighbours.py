@@ -83,6 +83,7 @@ def test_concurrent_jobs_get_uids_of_their_own(arena: Arena) -> None:
         result, _, _ = arena.run(_model(arena, name, victim=1, sleep_s=4.0))
         results.append(result)
 
+    assert arena.runner.wait_for_cleanup(30)  # the jobs before have exited: slots free
     threads = [threading.Thread(target=run, args=(f"slot{i}",)) for i in range(2)]
     for thread in threads:
         thread.start()
@@ -91,7 +92,9 @@ def test_concurrent_jobs_get_uids_of_their_own(arena: Arena) -> None:
     uids = sorted(_probe(r)["uid"] for r in results)
     settings = arena.runner.settings
     assert uids == sorted([JOB_UID, settings.slot_uid_base + 1])
-    # Slot uids are freed: the next job alone runs as the first slot's uid again.
+    # Slot uids are freed once their jobs are gone: the next job alone runs as the first
+    # slot's uid again.
+    assert arena.runner.wait_for_cleanup(30)
     result, _, _ = arena.run(_model(arena, "alone", victim=1))
     assert _probe(result)["uid"] == JOB_UID
 
@@ -120,6 +123,7 @@ def test_a_job_gets_a_pids_cgroup_of_its_own(arena: Arena) -> None:
         assert 100 < seen["threads"] < 200  # the group's limit, not the uid's 4096
         if len(parents) > 1:  # the memory group's limit is in force in the job too
             assert result.report.sandbox.details["in_force"]["memory_max_mb"] > 0
+        assert runner.wait_for_cleanup(30)  # the job's processes are gone, then its group
         for parent in parents:
             assert [p.name for p in parent.glob("job-*")] == []  # removed with the job
         benign, _, _ = arena.run(arena.model("benign"))  # the arena's jobs start threads

@@ -298,7 +298,13 @@ def run_export_job(root: str) -> int:
     except MemoryError:
         write_progress({"refused": "out_of_memory", "message": "MemoryError"})
         return 4
-    # The worker reads the outputs back (into copies) while this process exits.
+    # The worker reads the outputs back (into copies) and stops this process: what was
+    # printed goes down the output pipe first, so the job's log has it. The interpreter's
+    # own streams, not whatever the upload put in `sys.stdout`: its code runs no more.
+    for stream in (sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
     write_progress({"done": True})
     return 0
 

@@ -273,8 +273,18 @@ def copy_regular(
     source = open_regular(path, limit)
     if source is None:
         return None
-    with source, target.open("xb") as copy:
-        return _hashed(source, path.name, limit, magic, copy.write)
+    with source, target.open("x+b") as copy:
+        try:  # in the kernel, then hashed as copied: what is kept is what is checked
+            left = limit + 1  # one byte over says it grew past the limit
+            while left > 0 and (done := os.copy_file_range(source.fileno(), copy.fileno(), left)):
+                left -= done
+        except OSError:  # a file system or kernel without it: through this process
+            copy.seek(0)
+            copy.truncate()
+            source.seek(0)
+            return _hashed(source, path.name, limit, magic, copy.write)
+        copy.seek(0)
+        return _hashed(copy, path.name, limit, magic)
 
 
 def _hashed(

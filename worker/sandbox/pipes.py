@@ -66,6 +66,9 @@ class CappedLog:
         text = b"".join(self.last)[-TAIL_BYTES:].decode(errors="replace")
         return text if not self.dropped else f"[{self.dropped} bytes not kept]\n{text}"
 
+    def flush(self) -> None:
+        self.file.flush()
+
     def close(self) -> None:
         self.file.close()
 
@@ -79,9 +82,11 @@ def drain(
     limit: int,
 ) -> None:
     """Read the job's progress lines (each at most `limit` bytes) and output until both
-    pipes close."""
+    pipes close. Before each read of progress, what output is waiting is logged: a line
+    (`done` above all) then comes after everything the job printed before it."""
     pending = b""
     open_fds = {progress_fd, output_fd}
+    os.set_blocking(output_fd, False)
     with contextlib.ExitStack() as closing, selectors.DefaultSelector() as selector:
         # Whatever happens in here, both pipes end up closed (never a leaked fd, never a
         # job blocked on a full pipe nobody reads).
@@ -92,7 +97,12 @@ def drain(
         while open_fds:
             for key, _ in selector.select():
                 fd = key.fd
-                data = os.read(fd, 1 << 16)
+                if key.data == "progress" and output_fd in open_fds:
+                    _log_waiting(output_fd, log)
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:  # the output, read by _log_waiting meanwhile
+                    continue
                 if not data:
                     selector.unregister(fd)
                     os.close(fd)
@@ -135,6 +145,20 @@ def read_progress_line(
             watch.bad_lines += 1
     except Exception:  # whatever a job writes, the worker's reader lives on
         watch.bad_lines += 1
+
+
+def _log_waiting(fd: int, log: CappedLog) -> None:
+    """Log what the output pipe holds now, without waiting (its end is left to the
+    loop), a pipe's worth or so at most: a job writing without pause cannot hold up its
+    progress lines."""
+    for _ in range(4):
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            return
+        log.write(data)
 
 
 def _close_fd(fd: int, still_open: set[int]) -> None:

@@ -200,6 +200,19 @@ def map_error(
     return None
 
 
+def describe_memory(
+    limit_bytes: int, watch: Watch, group: Path | None, memory_cgroup: bool
+) -> dict[str, Any]:
+    """The job's whole tree (tree.py): its limit, the most it was seen to hold
+    together, and how the worker found its processes."""
+    return {
+        "limit_mb": limit_bytes >> 20,
+        "peak_mb": round(watch.tree_peak / (1 << 20), 1),
+        "tree": "cgroup" if group is not None else "sessions",
+        "memory_cgroup": memory_cgroup,
+    }
+
+
 def describe_disk(use: quota.DiskUse | None, settings: SandboxSettings) -> dict[str, Any]:
     """The job's disk limits and the most it was measured to hold."""
     details: dict[str, Any] = {"disk_mb": settings.disk_mb, "max_inodes": settings.max_inodes}

@@ -11,6 +11,7 @@ untrusted data), results.py (errors and the report), processes.py (/proc).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import shutil
@@ -19,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,6 +37,7 @@ from worker.sandbox import (
     results,
     supervisor,
 )
+from worker.sandbox.exiting import Exiting
 from worker.sandbox.gpu import GpuAccess
 from worker.sandbox.pipes import ProgressCallback
 from worker.sandbox.processes import list_children
@@ -75,6 +78,8 @@ class SandboxRunner:
         """Concurrency slots of the jobs running now (each slot has its own uid)."""
         self._gpu: GpuAccess | None = None
         self._cleaner: Cleaner | None = None
+        self._exiting = Exiting()
+        """Jobs whose result is out, waited for until their processes are gone."""
         self.work_root = self.settings.work_root
         self.restarts = 0
 
@@ -140,6 +145,7 @@ class SandboxRunner:
 
     def close(self) -> None:
         """Stop the zygote (killing any job still running) and remove owned files."""
+        self._exiting.join(self.settings.kill_grace_s)
         with self._lock:
             if self._zygote is not None:
                 self._zygote.stop()
@@ -180,8 +186,10 @@ class SandboxRunner:
         """Wait until the zygote's spare job child and loader child are warm and ready
         (the state of a worker that has been idle for a second or so); False when spares
         are off or did not get ready in time. For benchmarks and tests."""
+        deadline = time.monotonic() + timeout
+        self._exiting.join(timeout)
         zygote = self._zygote
-        return zygote is not None and zygote.wait_for_spares(timeout)
+        return zygote is not None and zygote.wait_for_spares(max(0.0, deadline - time.monotonic()))
 
     def learned_pages(self) -> dict[str, dict[str, int]]:
         """Per spare kind, the pages (write, read) its first warm-up touched, which later
@@ -293,18 +301,27 @@ class SandboxRunner:
         staging = self.jobs_root / job_id
         slot = self._take_slot()
         ids = self.settings.job_ids(slot.number)
+        exited: Callable[[], None] | None = None
         try:
             stage(job, staging, ids)
-            return self._run_staged(
+            result, exited = self._run_staged(
                 job, options, job_id, staging, on_progress, cancel, started, ids
             )
+            return result
         finally:
-            self._drop_group(job_id)
-            self._free_slot(slot)
-            if self._cleaner is not None:
-                self._cleaner.remove(staging)
-            else:
-                shutil.rmtree(staging, ignore_errors=True)
+            if exited is None:
+                self._release(job_id, slot, staging)
+            else:  # its processes are being killed: slot, groups and files once gone
+                release = functools.partial(self._release, job_id, slot, staging)
+                self._exiting.wait_then(exited, release, f"sandbox-exit-{job_id}")
+
+    def _release(self, job_id: str, slot: Slot, staging: Path) -> None:
+        self._drop_group(job_id)
+        self._free_slot(slot)
+        if self._cleaner is not None:
+            self._cleaner.remove(staging)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def _job_groups_for(self, job_id: str, memory_bytes: int) -> dict[str, Path]:
         """This job's cgroups by controller (`pids`, `memory`; none where the host has
@@ -342,7 +359,10 @@ class SandboxRunner:
     def wait_for_cleanup(self, timeout: float) -> bool:
         """Wait until the staging directories of finished jobs are deleted (that happens
         in the background, after `run` returned); False if not within `timeout`."""
-        return self._cleaner is None or self._cleaner.flush(timeout)
+        deadline = time.monotonic() + timeout
+        if not self._exiting.join(timeout):
+            return False
+        return self._cleaner is None or self._cleaner.flush(max(0.0, deadline - time.monotonic()))
 
     def is_gpu_job(self, options: ExportOptions) -> bool:
         """Whether a job gets the GPU confinement: a CUDA job on a GPU worker. A CUDA job
@@ -359,7 +379,8 @@ class SandboxRunner:
         cancel: threading.Event | None,
         started: float,
         ids: tuple[int, int] | None,
-    ) -> SandboxResult:
+    ) -> tuple[SandboxResult, Callable[[], None] | None]:
+        """The job's result, and when it came before the job's exit, what waits for that."""
         zygote = self._live_zygote()
         zygote_job = next(zygote.jobs)
         baseline_mb = int(zygote.info.get("data_mb", 0))
@@ -420,15 +441,23 @@ class SandboxRunner:
             self.settings,
             accept_early,
         )
-        zygote.watches.pop(job_id, None)
+
+        def gone() -> None:  # no process of the job is left: nor are its pipes' writers
+            zygote.watches.pop(job_id, None)
+            reader.join(timeout=self.settings.kill_grace_s)
+            log.close()
+
+        after_done = bool(exit_info.get("after_done"))  # stopped, not yet gone
+        if not after_done:
+            gone()
+        else:  # what it printed before `done` is in the log (pipes.drain): on disk now
+            log.flush()
         # What it left behind counts too: a job may fill its quota between two checks and
         # exit before the next.
         if verdict is None and supervisor.measure_disk(staging, [], watch, self.settings):
             verdict = "disk_quota_exceeded"
         if verdict is None and "memory" in groups and cgroups.oom_kills(groups["memory"]):
             verdict = "out_of_memory"  # the kernel killed a process of the job's tree
-        reader.join(timeout=self.settings.kill_grace_s)
-        log.close()
         error = results.map_error(verdict, exit_info, watch, timeout, memory_mb, self.settings)
         details: dict[str, Any] = {
             "in_force": watch.lockdown or {},
@@ -439,14 +468,7 @@ class SandboxRunner:
             "zygote_restarts": self.restarts,
             "zygote_job": zygote_job,
             "disk": results.describe_disk(watch.disk, self.settings),
-            # The whole tree (tree.py), the most it was seen to hold together, and how the
-            # worker found its processes.
-            "memory": {
-                "limit_mb": memory_bytes >> 20,
-                "peak_mb": round(watch.tree_peak / (1 << 20), 1),
-                "tree": "cgroup" if group is not None else "sessions",
-                "memory_cgroup": "memory" in groups,
-            },
+            "memory": results.describe_memory(memory_bytes, watch, group, "memory" in groups),
         }
         if zygote.info.get("mount_view"):
             details["mount_view"] = zygote.info["mount_view"]
@@ -454,7 +476,7 @@ class SandboxRunner:
         note = self.landlock_note()
         if note is not None:
             details["landlock"] = note
-        return results.finish(
+        result = results.finish(
             job,
             staging / "out",
             error,
@@ -465,6 +487,12 @@ class SandboxRunner:
             bwrap=self._bwrap is not None,
             watch=watch,
         )
+
+        def exited() -> None:
+            supervisor.await_exit(zygote, job_id, watch, self.settings)
+            gone()
+
+        return result, (exited if after_done else None)
 
     def _take_outputs(self, produced: Path, into: Path | None = None) -> outputs.Accepted | None:
         """A job's outputs, checked as untrusted data (`outputs.take_outputs`)."""

@@ -64,7 +64,10 @@ def supervise(
     on_done: Callable[[], None] = lambda: None,
 ) -> tuple[str | None, dict[str, Any]]:
     """Wait for the job; kill its processes on timeout, memory, disk or cancel.
-    `on_done` runs when the child says its outputs are written, while it exits.
+    `on_done` runs when the child says its outputs are written, while it exits. When
+    that took them (`watch.accepted`), the job is stopped and this returns without
+    waiting for its exit (~10 ms for a transformer block: its address space torn down),
+    with `{"after_done": True}`: the caller then waits for the exit with `await_exit`.
 
     Memory is checked twice: the job child's resident size on every turn (50 ms), and
     the whole tree's (tree.py: loaders, toolchain children and what they started) with
@@ -104,6 +107,14 @@ def supervise(
                     tree.leaders.add(helper)
             elif op == "done" and verdict is None:
                 on_done()
+                if watch.accepted is not None:
+                    with contextlib.suppress(OSError):
+                        zygote.send({"op": "finish", "id": job_id})
+            elif op == "finishing" and verdict is None:
+                trips = message.get("roundtrips")
+                if isinstance(trips, dict):
+                    watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
+                return None, {"code": None, "signal": None, "after_done": True}
             continue
         if verdict is None:
             if cancel is not None and cancel.is_set():
@@ -128,6 +139,20 @@ def supervise(
             # The zygote did not confirm the kill: it is wedged, so replace it.
             zygote.stop()
             return verdict, {}
+
+
+def await_exit(zygote: ZygoteClient, job_id: str, watch: Watch, settings: SandboxSettings) -> None:
+    """After `supervise` returned at `finishing`: wait until the zygote says the job's
+    processes are gone (`exited`), replacing a zygote that does not say so in time."""
+    deadline = time.monotonic() + settings.kill_grace_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            message = watch.messages.get(timeout=left)
+        except queue.Empty:
+            break
+        if message.get("op") in ("exited", "dead"):
+            return
+    zygote.stop()
 
 
 def measure_disk(staging: Path, pids: list[int], watch: Watch, settings: SandboxSettings) -> bool:

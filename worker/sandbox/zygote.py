@@ -15,7 +15,8 @@ zygote as zygote_job.py's `ZygoteHost` and its jobs as `Job`, so none imports th
 The worker's end is zygote_client.py.
 
 Messages (worker → zygote): `config`, `run` (with two fds: progress, output),
-`kill`. (zygote → worker): `hello`, `started`, `exited`, `spares` (spares.py).
+`kill`, `finish` (kill, and answer `finishing` at once). (zygote → worker): `hello`,
+`started`, `finishing`, `exited`, `spares` (spares.py).
 """
 
 from __future__ import annotations
@@ -204,11 +205,13 @@ class Zygote:
             if self.config.get("warm_up") == "during_first_job" and not self.loader_warm:
                 self.loader_warm = True
                 warm_loader(Path(self.config["warm_dir"]))
-        elif op == "kill":
+        elif op in ("kill", "finish"):
             job = self.jobs.get(str(message.get("id")))
             if job is not None:
                 for pid in (job.pid, *job.helpers()):
                     kill_group(pid)
+            if op == "finish":  # the job said done and its outputs are taken
+                self._finishing(job, str(message.get("id")))
         for fd in fds:
             close_fd(fd)
         return True
@@ -403,6 +406,14 @@ class Zygote:
                 "roundtrips": {"loaders": job.roundtrips, "in_spares": job.loader_spares},
             },
         )
+
+    def _finishing(self, job: Job | None, job_id: str) -> None:
+        """Answer `finish` at once, its processes killed (`exited` follows when they are
+        reaped): what the worker still needs from the job, its round-trip counts."""
+        message: dict[str, Any] = {"op": "finishing", "id": job_id}
+        if job is not None:
+            message["roundtrips"] = {"loaders": job.roundtrips, "in_spares": job.loader_spares}
+        protocol.send(self.ctl, message)
 
     def _shutdown(self) -> None:
         self.spares.drop_all()
