@@ -25,6 +25,7 @@ import pytest
 import worker.sandbox
 from schemas import ExportOptions
 from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings, landlock
+from worker.sandbox.slots import SlotLeases
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CANARY = "canary-" + os.urandom(8).hex()
@@ -154,6 +155,22 @@ def job_uids() -> set[int]:
     exiting holds its slot, so the next one, of this runner or another, may get slot 1)."""
     base = SandboxSettings().slot_uid_base
     return {JOB_UID, *range(base + 1, base + 64)}
+
+
+def wait_for_first_slot(runner: SandboxRunner, timeout: float = 30) -> None:
+    """Wait until no job of any runner on this machine holds slot 0 (a job still exiting
+    holds its slot), so that the next job runs as slot 0's uid."""
+    leases = runner._leases
+    if leases is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        slot = leases.take()
+        SlotLeases.release(slot)
+        if slot.number == 0:
+            return
+        assert time.monotonic() < deadline, "slot 0 stayed held"
+        time.sleep(0.01)
 
 
 def job_processes() -> list[int]:

@@ -318,8 +318,8 @@ class SandboxRunner:
     def _release(self, job_id: str, slot: Slot, staging: Path) -> None:
         self._drop_group(job_id)
         self._free_slot(slot)
-        if self._cleaner is not None:
-            self._cleaner.remove(staging)
+        if (cleaner := self._cleaner) is not None:  # a job still exiting at close: None
+            cleaner.remove(staging)
         else:
             shutil.rmtree(staging, ignore_errors=True)
 
