@@ -8,7 +8,6 @@ import ctypes
 import mmap
 import os
 import resource
-import threading
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -96,31 +95,14 @@ def test_written_pages_are_learned_and_prefaulted_ahead() -> None:
     learned = _ranges_of(_in_fork(learner))
     assert _covered(learned, pages.WRITE, start) == TOUCHED
 
-    def faults_writing(prefault: Callable[[array], int] | None) -> bytes:
-        if prefault is not None:
-            assert prefault(learned) >= len(TOUCHED)
+    def faults_writing(prefault: bool) -> bytes:
+        if prefault:
+            pages.prefault(learned)
         return str(_faults(write_touched)).encode()
 
-    assert int(_in_fork(lambda: faults_writing(None))) >= len(TOUCHED)
-    assert int(_in_fork(lambda: faults_writing(pages.prefault))) == 0
-    # A spare's way: in a thread of its own, at SCHED_IDLE; the process's pages all the same.
-    assert int(_in_fork(lambda: faults_writing(pages.prefault_idle))) == 0
+    assert int(_in_fork(lambda: faults_writing(False))) >= len(TOUCHED)
+    assert int(_in_fork(lambda: faults_writing(True))) == 0
     buffer.close()
-
-
-def test_a_spare_faults_its_pages_in_at_idle_priority(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[tuple[int, bool]] = []
-
-    def spy(ranges: array) -> int:
-        seen.append(
-            (os.sched_getscheduler(0), threading.current_thread() is threading.main_thread())
-        )
-        return 7
-
-    monkeypatch.setattr(pages, "prefault", spy)
-    assert pages.prefault_idle(array("Q")) == 7
-    assert seen == [(os.SCHED_IDLE, False)]
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the calling thread keeps its own
 
 
 def test_file_pages_read_are_learned_and_mapped_ahead(tmp_path: Path) -> None:

@@ -19,11 +19,9 @@ from trusted code; no job child is ever asked.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
-import threading
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,24 +106,6 @@ def prefault(ranges: array) -> int:
         if madvise(start, end - start, advice) == 0:
             pages += (end - start) // PAGE
     return pages
-
-
-def prefault_idle(ranges: array) -> int:
-    """`prefault` in a thread of its own at `SCHED_IDLE`, waited for: a spare faulting
-    pages in beside a running job gets only CPU time the job leaves idle (a job's thread
-    that wakes on that core preempts it at once). Where the policy cannot be set, the
-    thread faults at the normal priority."""
-    populated: list[int] = []
-
-    def run() -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
-        populated.append(prefault(ranges))
-
-    thread = threading.Thread(target=run, name="torchport-prefault")
-    thread.start()
-    thread.join()
-    return populated[0] if populated else 0
 
 
 def supported() -> bool:

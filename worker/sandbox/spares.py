@@ -9,9 +9,8 @@ with madvise instead (~50 ms against ~750 ms). A spare then says `ready` and wai
 a private socket. The next CPU job (or round trip) is handed to the ready spare, which
 only then locks itself down exactly as a freshly forked child would and runs it. Once a
 kind's pages are learned, handing a spare its work forks its successor at once, beside
-the work (~50 ms of one core, at idle priority, after `SUCCESSOR_WAIT_S`), so work that
-comes right after finds a ready spare too: back-to-back jobs cost what jobs at an idle
-worker do. The successor first closes every
+the work (~50 ms of one core), so work that comes right after finds a ready spare too:
+back-to-back jobs cost what jobs at an idle worker do. The successor first closes every
 descriptor it inherited but its own socket (the running work's pipes among them). Work
 that finds no spare ready (two jobs at once) gets a fresh fork; a spare still running
 the slow warm-up is killed then (it would compete with the job for the CPU), one
@@ -34,7 +33,6 @@ import selectors
 import signal
 import socket
 import sys
-import time
 import traceback
 from array import array
 from dataclasses import dataclass
@@ -54,11 +52,6 @@ __all__ = ["MAX_SPARE_FAILURES", "Spare", "Spares"]
 
 MAX_SPARE_FAILURES = 3
 """Spares that die before they are ready, in a row, before the zygote stops making them."""
-SUCCESSOR_WAIT_S = 0.03
-"""How long a successor (forked as a job or round trip starts) waits before it faults its
-pages in: the work it was forked beside starts its OpenMP threads meanwhile, and the
-scheduler places them on a free core only while no spare is busy faulting there (see
-`_main`)."""
 
 
 @dataclass
@@ -97,29 +90,22 @@ class Spares:
             if kind not in self.children:
                 self._fork(kind)
 
-    def _fork(self, kind: str, successor: bool = False) -> None:
+    def _fork(self, kind: str) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             try:
                 ours.close()
-                self._main(kind, theirs, successor)
+                self._main(kind, theirs)
             finally:
                 os._exit(70)
         theirs.close()
         self.children[kind] = Spare(kind, pid, ours)
         self.zygote.selector.register(ours, selectors.EVENT_READ, ("spare", kind))
 
-    def _main(self, kind: str, sock: socket.socket, successor: bool) -> None:
+    def _main(self, kind: str, sock: socket.socket) -> None:
         """In the spare: warm up, say ready, wait for work, then become that child.
-        Runs only the zygote's own code until the work arrives; never returns.
-
-        Learned pages are faulted in at `SCHED_IDLE` (pages.prefault_idle), and by a
-        successor only after `SUCCESSOR_WAIT_S`. A job's OpenMP thread started while the
-        other core was busy faulting was placed on the job's own core, and the two
-        threads, spinning in turn, were not moved apart for ~50 ms: a transformer
-        block's forward took 2 to 8 ms instead of 0.7 ms meanwhile (`perf sched`,
-        docs/sandbox.md)."""
+        Runs only the zygote's own code until the work arrives; never returns."""
         try:
             self.zygote.detach()
             # A successor forked while work runs (hand_over) would hold that work's pipes
@@ -130,9 +116,7 @@ class Spares:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # an idle spare dies with the zygote
             learned, saved = self.pages.get(kind), None
             if learned is not None:
-                if successor:
-                    time.sleep(SUCCESSOR_WAIT_S)
-                pages.prefault_idle(learned)
+                pages.prefault(learned)
             else:
                 warm_spare(kind, Path(self.zygote.config["warm_dir"]))
                 gc.collect()
@@ -260,7 +244,7 @@ class Spares:
         if self.enabled and spare.kind in self.pages and spare.kind not in self.children:
             # Its successor, at once: it only faults in learned pages (~50 ms of one core,
             # beside the work), so work that comes right after this finds it ready.
-            self._fork(spare.kind, successor=True)
+            self._fork(spare.kind)
         return True
 
     def drop(self, spare: Spare, failed: bool) -> None:
