@@ -92,9 +92,7 @@ def supervise(
                 # A spare's warm-up left it this much more resident than the zygote.
                 memory_bytes += max(0, int(message.get("extra_rss_mb") or 0)) << 20
             elif op == "exited":
-                trips = message.get("roundtrips")
-                if isinstance(trips, dict):
-                    watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
+                _take_roundtrips(message, watch)
                 exit_info = {"code": message.get("code"), "signal": message.get("signal")}
                 if message.get("killed_for"):
                     exit_info["killed_for"] = str(message["killed_for"])[:200]
@@ -111,9 +109,7 @@ def supervise(
                     with contextlib.suppress(OSError):
                         zygote.send({"op": "finish", "id": job_id})
             elif op == "finishing" and verdict is None:
-                trips = message.get("roundtrips")
-                if isinstance(trips, dict):
-                    watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
+                _take_roundtrips(message, watch)
                 return None, {"code": None, "signal": None, "after_done": True}
             continue
         if verdict is None:
@@ -139,6 +135,13 @@ def supervise(
             # The zygote did not confirm the kill: it is wedged, so replace it.
             zygote.stop()
             return verdict, {}
+
+
+def _take_roundtrips(message: dict[str, Any], watch: Watch) -> None:
+    """The zygote's round-trip counts for the job (`exited` or `finishing`)."""
+    trips = message.get("roundtrips")
+    if isinstance(trips, dict):
+        watch.roundtrips = {str(k): int(v) for k, v in trips.items()}
 
 
 def await_exit(zygote: ZygoteClient, job_id: str, watch: Watch, settings: SandboxSettings) -> None:

@@ -403,7 +403,7 @@ class Zygote:
                 "code": code,
                 "signal": signum,
                 "killed_for": job.killed_for,
-                "roundtrips": {"loaders": job.roundtrips, "in_spares": job.loader_spares},
+                "roundtrips": job.roundtrip_counts(),
             },
         )
 
@@ -412,7 +412,7 @@ class Zygote:
         reaped): what the worker still needs from the job, its round-trip counts."""
         message: dict[str, Any] = {"op": "finishing", "id": job_id}
         if job is not None:
-            message["roundtrips"] = {"loaders": job.roundtrips, "in_spares": job.loader_spares}
+            message["roundtrips"] = job.roundtrip_counts()
         protocol.send(self.ctl, message)
 
     def _shutdown(self) -> None:

@@ -59,6 +59,11 @@ class Job:
         self.killed_for = reason
         kill_group(self.pid)
 
+    def roundtrip_counts(self) -> dict[str, int]:
+        """How many loaders the job had, and how many of them were spares (for the
+        worker's `details.roundtrips`, in `finishing` and `exited`)."""
+        return {"loaders": self.roundtrips, "in_spares": self.loader_spares}
+
     def helpers(self) -> list[int]:
         """The job's other processes: its loaders and its toolchain child."""
         pids = [self.loader_pid, *self.old_loaders, self.toolchain_pid]
