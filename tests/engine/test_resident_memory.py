@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -77,6 +78,31 @@ def test_an_inner_reset_does_not_hand_a_sampling_watch_the_process_record(
     inner.stop()
     _, outer_added = outer.stop()
     assert outer_added is not None and outer_added < 150
+
+
+def _denied(*args: object, **kwargs: object) -> None:
+    raise PermissionError("not yours")
+
+
+def test_a_held_reset_works_where_the_file_cannot_be_opened_and_never_in_a_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resident_memory, "_held", None)
+    if not resident_memory.hold_reset():
+        pytest.skip("this process may not open its clear_refs")
+    _allocate(200)  # the process's record
+    with monkeypatch.context() as patched:
+        # As in the sandbox's job child once it left root: the path is not writable.
+        patched.setattr("builtins.open", _denied)
+        assert resident_memory.reset_peak() is True
+        pid = os.fork()
+        if pid == 0:  # the parent's descriptor names the parent: a fork must not use it
+            os._exit(0 if resident_memory.reset_peak() is False else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    high, now = resident_memory.high_water(), resident_memory.resident()
+    assert high is not None and now is not None
+    assert high < now + 100 * MB  # the 200 MB record was reset
 
 
 def test_free_memory_is_given_back_where_glibc_is() -> None:

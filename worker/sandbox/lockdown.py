@@ -17,6 +17,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import resident_memory
 from worker.sandbox import landlock, seccomp
 from worker.sandbox.gpu import GpuAccess
 
@@ -114,6 +115,9 @@ def apply(conf: Confinement) -> dict[str, object]:
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     _set_limits(conf.limits)
+    # Its peak memory per stage, exact and without a sampling thread, once it is no
+    # longer root (its /proc/self files belong to root: it is not dumpable).
+    resident_memory.hold_reset()
     os.environ.clear()
     os.environ.update(environment(conf.scratch, conf.gpu))
     import tempfile
