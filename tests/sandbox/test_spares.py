@@ -11,7 +11,14 @@ import signal
 import threading
 import time
 
-from tests.sandbox.conftest import SPARE_WAIT_S, Arena, digest, fresh_runner, run_benign
+from tests.sandbox.conftest import (
+    SPARE_WAIT_S,
+    Arena,
+    digest,
+    fresh_runner,
+    job_processes,
+    run_benign,
+)
 from worker.sandbox import SandboxResult
 
 
@@ -39,8 +46,8 @@ def test_work_right_after_work_runs_in_the_spares_successor(spare_arena: Arena) 
     runner = spare_arena.runner
     first, _, _ = spare_arena.run(spare_arena.model("benign"))  # waits, runs in the spare
     assert first.report.sandbox is not None and first.report.sandbox.details["spare"] is True
-    # The next job comes at once. Handing the first its spare forked that spare's
-    # successor, which only faulted in learned pages while the first job ran: ready.
+    # The next job comes at once. Once the first decomposed (a stage on one core), the
+    # zygote forked its spare's successor, which only faulted in learned pages: ready.
     second = run_benign(runner, spare_arena, "back-to-back")
     assert second.report.status == "succeeded", second.error
     assert second.report.sandbox is not None
@@ -48,6 +55,33 @@ def test_work_right_after_work_runs_in_the_spares_successor(spare_arena: Arena) 
     assert (details["spare"], details["prefault"]) == (True, False)
     assert details["roundtrips"] == {"loaders": 1, "in_spares": 1}
     # Exactly one spare of each kind is ready again.
+    assert runner.wait_for_spares(SPARE_WAIT_S)
+    assert len(runner.zygote_children()) == 2
+
+
+def test_a_successor_is_forked_once_the_job_decomposes_not_while_it_loads(
+    spare_arena: Arena,
+) -> None:
+    runner = spare_arena.runner
+    finished: list[SandboxResult] = []
+    job = threading.Thread(
+        target=lambda: finished.append(spare_arena.run(spare_arena.model("peak_probe"))[0])
+    )
+    job.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not job_processes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # The job child is locked down and loading (its model sleeps 2 s there): the
+        # zygote's children are the job child and the spare loader, no successor yet.
+        loading = runner.zygote_children()
+        assert job_processes(), "the job never started"
+    finally:
+        job.join()
+    assert len(loading) == 2, loading
+    assert finished and finished[0].report.status == "succeeded", finished[0].error
+    assert finished[0].report.sandbox is not None
+    assert finished[0].report.sandbox.details["spare"] is True
     assert runner.wait_for_spares(SPARE_WAIT_S)
     assert len(runner.zygote_children()) == 2
 
@@ -69,9 +103,10 @@ def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
         assert result.report.status == "succeeded", result.error
         assert result.report.sandbox is not None
         details.append(result.report.sandbox.details)
-    # One takes the ready spare. The other finds its successor still faulting in pages
-    # (unless it came >50 ms later): it is not made to wait, it gets a fresh fork that
-    # faults them in itself before its lockdown (pages.py).
+    # One takes the ready spare. The other finds no spare (the successor is owed until
+    # the first decomposes): it gets a fresh fork that faults the learned pages in itself
+    # before its lockdown (pages.py), and the successor is forked then; or, when it came
+    # later, it waits for that successor still faulting in its pages (spares.take).
     assert sorted(d["spare"] for d in details) in ([False, True], [True, True])
     for each in details:
         assert each["prefault"] is not each["spare"]

@@ -37,6 +37,7 @@ TAIL_BYTES = 8192
 IN_FORCE = {"uid", "no_new_privs", "landlock_abi", "seccomp", "gpu", "pids_max", "memory_max_mb"}
 """The keys of a job's `lockdown` line the worker keeps (report details.in_force)."""
 REFUSAL_CODES = {"sandbox_violation", "invalid_request", "out_of_memory"}
+
 """The codes a job child may refuse a job with; anything else is a sandbox_violation."""
 
 
@@ -129,6 +130,9 @@ def read_progress_line(
         message = protocol.loads_untrusted(line, limit)
         if "progress" in message:
             progress = Progress.model_validate(message["progress"])
+            if progress.stage in protocol.QUIET_STAGES and not watch.quiet:
+                watch.quiet = True  # the zygote may fork the spares it owes (spares.py)
+                watch.messages.put({"op": "quiet"})
             if on_progress is not None:
                 with contextlib.suppress(Exception):
                     on_progress(progress)

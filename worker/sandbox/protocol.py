@@ -14,6 +14,10 @@ MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
 SPARE_KINDS = ("job", "loader")
 """The zygote's spares, as its `spares` message names the ready ones."""
+QUIET_STAGES = ("decomposing",)
+"""Stages of an export that keep one core busy (Python over the graph, no parallel
+regions): the first progress line of a job in one is passed on to the zygote as `quiet`,
+which forks the spares it owes then (spares.py)."""
 JOB_SPEC = "spec.json"
 """The job child's spec (its uploads' paths, options file, out and work dirs), which the
 worker writes into the job's staging root and the child reads after its lockdown: the

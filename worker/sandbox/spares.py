@@ -7,15 +7,21 @@ while the worker is idle) and learns from its page map which pages that touched
 (pages.py); later spares, and fresh forks when no spare is ready, fault those pages in
 with madvise instead (~50 ms against ~750 ms). A spare then says `ready` and waits on
 a private socket. The next CPU job (or round trip) is handed to the ready spare, which
-only then locks itself down exactly as a freshly forked child would and runs it. Once a
-kind's pages are learned, handing a spare its work forks its successor at once, beside
-the work (~50 ms of one core), so work that comes right after finds a ready spare too:
-back-to-back jobs cost what jobs at an idle worker do. The successor first closes every
-descriptor it inherited but its own socket (the running work's pipes among them). Work
-that finds no spare ready (two jobs at once) gets a fresh fork; a spare still running
-the slow warm-up is killed then (it would compete with the job for the CPU), one
-faulting in learned pages is left to finish. GPU jobs always get a fresh fork, never
-prefaulted.
+only then locks itself down exactly as a freshly forked child would and runs it.
+
+Once a kind's pages are learned, handing a spare its work makes its successor *owed*:
+it is forked (~50-75 ms of one core, faulting in pages) when a running job reaches a
+stage that keeps one core busy (the worker passes on `quiet` when a job starts
+decomposing: `protocol.QUIET_STAGES`), when no job has run for `REFILL_AFTER_S`, or at
+once when work finds no spare of its kind. Not the moment its predecessor is handed its
+work: that faulting ran beside the job's loading (its model's forward, OpenMP threads on
+both cores) and a loader's beside verification. Work that finds its kind's spare still
+faulting waits for it (`FAULTING_WAIT_S` at most: a fresh fork would fault the same
+pages in); work that finds none (two jobs at once, or a job that ended before its quiet
+stage) gets a fresh fork. A spare still running the slow warm-up is killed when work
+comes (it would compete with the job for the CPU). The successor first closes every
+descriptor it inherited but its own socket (the running work's pipes among them). GPU
+jobs always get a fresh fork, never prefaulted.
 
 Messages (zygote → spare): `job` (fds: progress, output, round-trip request and
 answer), `load` (fds: output, answer, payload path in). (spare → zygote): `ready`
@@ -29,10 +35,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import select
 import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from array import array
 from dataclasses import dataclass
@@ -48,7 +56,13 @@ from worker.sandbox.warmup import warm_spare
 if TYPE_CHECKING:
     from worker.sandbox.zygote_job import ZygoteHost
 
-__all__ = ["MAX_SPARE_FAILURES", "Spare", "Spares"]
+__all__ = ["FAULTING_WAIT_S", "MAX_SPARE_FAILURES", "REFILL_AFTER_S", "Spare", "Spares"]
+
+REFILL_AFTER_S = 0.1
+"""How long the zygote is without jobs before it forks the spares it lacks."""
+FAULTING_WAIT_S = 0.25
+"""How long work waits for its kind's spare that is still faulting in learned pages
+(~50 ms of one core) before it takes a fresh fork, which would fault them in too."""
 
 MAX_SPARE_FAILURES = 3
 """Spares that die before they are ready, in a row, before the zygote stops making them."""
@@ -80,15 +94,38 @@ class Spares:
         """Per spare kind, the page ranges its warm-up touched (pages.py), once learned."""
         self.learned: dict[str, dict[str, int]] = {}
         """Per spare kind, how many pages those ranges hold (told to the worker)."""
+        self.owed: set[str] = set()
+        """Kinds whose spare was handed work and whose successor is not forked yet."""
+        self.idle_since: float | None = float("-inf")
+        """When the zygote last became without jobs (monotonic); None while one runs."""
 
-    def keep(self) -> None:
-        """While no job runs, make sure a spare of each kind exists (or is warming); while
-        one runs, only `hand_over` makes them (successors that fault in learned pages)."""
+    def keep(self) -> float | None:
+        """Once no job has run for `REFILL_AFTER_S`, make sure a spare of each kind exists
+        (or is warming); while jobs run, successors come from `fork_owed` and `take`.
+        Returns how long until this wants to be called again (None: no need)."""
         if not self.enabled or self.zygote.jobs:
-            return
-        for kind in protocol.SPARE_KINDS:
-            if kind not in self.children:
+            self.idle_since = None
+            return None
+        now = time.monotonic()
+        if self.idle_since is None:
+            self.idle_since = now
+        missing = [kind for kind in protocol.SPARE_KINDS if kind not in self.children]
+        if not missing:
+            return None
+        if (wait := self.idle_since + REFILL_AFTER_S - now) > 0:
+            return wait
+        for kind in missing:
+            self._fork(kind)
+        self.owed.clear()
+        return None
+
+    def fork_owed(self) -> None:
+        """A job entered a quiet stage: fork the successors owed (they fault in learned
+        pages on the core the job leaves free)."""
+        for kind in sorted(self.owed):
+            if self.enabled and kind not in self.children:
                 self._fork(kind)
+        self.owed.clear()
 
     def _fork(self, kind: str) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -186,10 +223,11 @@ class Spares:
             conf = zygote.loaders.confinement(message["dirs"], given, False, fds)
             zygote.become_child(conf, lambda: load(pt2, threads), announce=False, detached=True)
 
-    def on_message(self, kind: str) -> None:
-        """A spare said `ready` (or died: its socket closed)."""
+    def on_message(self, kind: str, sock: socket.socket | None = None) -> None:
+        """A spare said `ready` (or died: its socket closed). `sock`: the socket the event
+        was for (a stale event of a spare taken since is ignored)."""
         spare = self.children.get(kind)
-        if spare is None:
+        if spare is None or (sock is not None and sock is not spare.sock):
             return
         try:
             message, fds = protocol.receive(spare.sock)
@@ -209,14 +247,24 @@ class Spares:
 
     def take(self, kind: str) -> Spare | None:
         """The ready spare of this kind, now owned by the caller. Work never waits for a
-        spare still warming. One warming up the slow way (~700 ms: nothing learned for
-        its kind yet) is killed, so as not to share the CPU with the work; one faulting
-        in learned pages (~50 ms) is left to finish, for the round trip or the next job."""
+        spare still warming: one warming up the slow way (~700 ms: nothing learned for
+        its kind yet) is killed, so as not to share the CPU with the work. One of this
+        kind faulting in learned pages (~50 ms) is waited for, `FAULTING_WAIT_S` at most
+        (one of the other kind is left to finish). None: the caller forks afresh, and an
+        owed successor of this kind is forked now, for the work after it."""
         for other in list(self.children.values()):
             if not other.ready and other.kind not in self.pages:
                 self.drop(other, failed=False)
         spare = self.children.get(kind)
+        if spare is not None and not spare.ready:
+            with contextlib.suppress(OSError, ValueError):
+                if select.select([spare.sock], [], [], FAULTING_WAIT_S)[0]:
+                    self.on_message(kind, spare.sock)
+            spare = self.children.get(kind)
         if spare is None or not spare.ready:
+            if kind in self.owed and spare is None:
+                self.owed.discard(kind)
+                self._fork(kind)
             return None
         del self.children[kind]
         self.zygote.selector.unregister(spare.sock)
@@ -232,8 +280,9 @@ class Spares:
             )
 
     def hand_over(self, spare: Spare, message: dict[str, Any], fds: list[int]) -> bool:
-        """Send a taken spare its work, then fork its successor when that only needs to
-        fault in learned pages; False (and the spare killed) when sending fails."""
+        """Send a taken spare its work; its successor is owed when that only needs to
+        fault in learned pages (`fork_owed`). False (and the spare killed) when sending
+        fails."""
         try:
             protocol.send(spare.sock, message, fds)
         except (OSError, ValueError):  # gone, or the message too large: a fresh fork
@@ -241,10 +290,8 @@ class Spares:
             return False
         finally:
             spare.sock.close()
-        if self.enabled and spare.kind in self.pages and spare.kind not in self.children:
-            # Its successor, at once: it only faults in learned pages (~50 ms of one core,
-            # beside the work), so work that comes right after this finds it ready.
-            self._fork(spare.kind)
+        if self.enabled and spare.kind in self.pages:
+            self.owed.add(spare.kind)
         return True
 
     def drop(self, spare: Spare, failed: bool) -> None:

@@ -103,6 +103,9 @@ def supervise(
                 helper = zygote.inner_to_outer(int(message["pid"]))
                 if helper is not None:
                     tree.leaders.add(helper)
+            elif op == "quiet":  # forking spares leaves the job's busy stages alone
+                with contextlib.suppress(OSError):
+                    zygote.send({"op": "quiet", "id": job_id})
             elif op == "done" and verdict is None:
                 on_done()
                 if watch.accepted is not None:

@@ -29,6 +29,8 @@ class Watch:
     """The job ran in a pre-forked, self-warmed spare child rather than a fresh fork."""
     prefault: bool = False
     """A fresh fork that faulted in the pages a spare's warm-up touches before the job."""
+    quiet: bool = False
+    """The job entered a stage that keeps one core busy (spares.QUIET_STAGES)."""
     done: bool = False
     """The child said its outputs are written (it is about to exit)."""
     accepted: Accepted | None = None

@@ -166,8 +166,9 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(self.ctl, selectors.EVENT_READ, "ctl")
         self.selector.register(wake_r, selectors.EVENT_READ, "wake")
+        timeout = 1.0
         while True:
-            for key, _ in self.selector.select(timeout=1.0):
+            for key, _ in self.selector.select(timeout=timeout):
                 if key.data == "ctl":
                     if not self._on_control():
                         self._shutdown()
@@ -178,7 +179,7 @@ class Zygote:
                 elif isinstance(key.data, tuple):
                     kind, name = key.data
                     if kind == "spare":
-                        self.spares.on_message(name)
+                        self.spares.on_message(name, key.fileobj)  # type: ignore[arg-type]
                         continue
                     job = self.jobs.get(name)
                     # An event of this batch may be stale: a request handled before it
@@ -190,7 +191,8 @@ class Zygote:
                     elif kind == "loader" and key.fd == job.loader_fd:
                         self.loaders.on_output(job)
             self._reap()
-            self.spares.keep()
+            due = self.spares.keep()
+            timeout = 1.0 if due is None else min(1.0, due)
 
     def _on_control(self) -> bool:
         try:
@@ -212,6 +214,8 @@ class Zygote:
                     kill_group(pid)
             if op == "finish":  # the job said done and its outputs are taken
                 self._finishing(job, str(message.get("id")))
+        elif op == "quiet":  # a job entered a stage that leaves a core free (spares.py)
+            self.spares.fork_owed()
         for fd in fds:
             close_fd(fd)
         return True
