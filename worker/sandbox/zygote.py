@@ -15,7 +15,8 @@ zygote as zygote_job.py's `ZygoteHost` and its jobs as `Job`, so none imports th
 The worker's end is zygote_client.py.
 
 Messages (worker → zygote): `config`, `run` (with two fds: progress, output),
-`kill`, `finish` (kill, and answer `finishing` at once). (zygote → worker): `hello`,
+`kill`, `finish` (kill, and answer `finishing` at once), `quiet` (a job started a stage
+on one core: fork the spares owed, spares.py). (zygote → worker): `hello`,
 `started`, `finishing`, `exited`, `spares` (spares.py).
 """
 
