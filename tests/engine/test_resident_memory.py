@@ -90,6 +90,15 @@ def test_a_held_reset_works_where_the_file_cannot_be_opened_and_never_in_a_fork(
     monkeypatch.setattr(resident_memory, "_held", None)
     if not resident_memory.hold_reset():
         pytest.skip("this process may not open its clear_refs")
+    assert resident_memory._held is not None
+    held_fd = resident_memory._held[1]
+    try:
+        _reset_through_the_held_descriptor(monkeypatch)
+    finally:
+        os.close(held_fd)
+
+
+def _reset_through_the_held_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
     _allocate(200)  # the process's record
     with monkeypatch.context() as patched:
         # As in the sandbox's job child once it left root: the path is not writable.
@@ -97,7 +106,11 @@ def test_a_held_reset_works_where_the_file_cannot_be_opened_and_never_in_a_fork(
         assert resident_memory.reset_peak() is True
         pid = os.fork()
         if pid == 0:  # the parent's descriptor names the parent: a fork must not use it
-            os._exit(0 if resident_memory.reset_peak() is False else 1)
+            code = 2
+            try:
+                code = 0 if resident_memory.reset_peak() is False else 1
+            finally:
+                os._exit(code)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     high, now = resident_memory.high_water(), resident_memory.resident()

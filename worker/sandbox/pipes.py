@@ -37,7 +37,6 @@ TAIL_BYTES = 8192
 IN_FORCE = {"uid", "no_new_privs", "landlock_abi", "seccomp", "gpu", "pids_max", "memory_max_mb"}
 """The keys of a job's `lockdown` line the worker keeps (report details.in_force)."""
 REFUSAL_CODES = {"sandbox_violation", "invalid_request", "out_of_memory"}
-
 """The codes a job child may refuse a job with; anything else is a sandbox_violation."""
 
 

@@ -128,8 +128,18 @@ class Spares:
         self.owed.clear()
 
     def _fork(self, kind: str) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            self._failed()
+            return
+        try:
+            pid = os.fork()
+        except OSError:  # out of processes or memory: work gets fresh forks meanwhile
+            ours.close()
+            theirs.close()
+            self._failed()
+            return
         if pid == 0:
             try:
                 ours.close()
@@ -262,8 +272,8 @@ class Spares:
                     self.on_message(kind, spare.sock)
             spare = self.children.get(kind)
         if spare is None or not spare.ready:
-            if kind in self.owed and spare is None:
-                self.owed.discard(kind)
+            if spare is None and self.enabled and kind in self.pages:
+                self.owed.discard(kind)  # owed, or one that died: for the work after this
                 self._fork(kind)
             return None
         del self.children[kind]
@@ -307,17 +317,23 @@ class Spares:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(spare.pid, signal.SIGKILL)
         if failed:
-            self.failures += 1
-            if self.failures >= MAX_SPARE_FAILURES:
-                self.enabled = False
-                for other in list(self.children.values()):  # as the log line says
-                    self.drop(other, failed=False)
-                print(
-                    f"torchport zygote: {self.failures} spares died before they were "
-                    "ready; jobs get fresh forks from now on",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            self._failed()
+
+    def _failed(self) -> None:
+        """A spare died before it was ready (or could not be forked); after
+        `MAX_SPARE_FAILURES` in a row, stop making them."""
+        self.failures += 1
+        if self.failures >= MAX_SPARE_FAILURES and self.enabled:
+            self.enabled = False
+            self.owed.clear()
+            for other in list(self.children.values()):  # as the log line says
+                self.drop(other, failed=False)
+            print(
+                f"torchport zygote: {self.failures} spares died before they were "
+                "ready; jobs get fresh forks from now on",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def reap(self, pid: int) -> None:
         """A child of the zygote exited: if it was a spare, it failed."""
