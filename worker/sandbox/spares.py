@@ -9,9 +9,9 @@ with madvise instead (~50 ms against ~750 ms). A spare then says `ready` and wai
 a private socket. The next CPU job (or round trip) is handed to the ready spare, which
 only then locks itself down exactly as a freshly forked child would and runs it.
 
-Once a kind's pages are learned, handing a spare its work makes its successor *owed*:
-it is forked (~50-75 ms of one core, faulting in pages) when a running job reaches a
-stage that keeps one core busy (the worker passes on `quiet` when a job starts
+Once a kind's pages are learned, a spare of it that is missing (handed work, or died)
+is *owed*: it is forked (~50-75 ms of one core, faulting in pages) when a running job
+reaches a stage that keeps one core busy (the worker passes on `quiet` when a job starts
 decomposing: `protocol.QUIET_STAGES`), when no job has run for `REFILL_AFTER_S`, or at
 once when work finds no spare of its kind. Not the moment its predecessor is handed its
 work: that faulting ran beside the job's loading (its model's forward, OpenMP threads on
@@ -94,8 +94,6 @@ class Spares:
         """Per spare kind, the page ranges its warm-up touched (pages.py), once learned."""
         self.learned: dict[str, dict[str, int]] = {}
         """Per spare kind, how many pages those ranges hold (told to the worker)."""
-        self.owed: set[str] = set()
-        """Kinds whose spare was handed work and whose successor is not forked yet."""
         self.idle_since: float | None = float("-inf")
         """When the zygote last became without jobs (monotonic); None while one runs."""
 
@@ -116,16 +114,18 @@ class Spares:
             return wait
         for kind in missing:
             self._fork(kind)
-        self.owed.clear()
         return None
 
+    def _owes(self, kind: str) -> bool:
+        """Whether a spare of `kind` is missing that only needs to fault in learned pages."""
+        return self.enabled and kind in self.pages and kind not in self.children
+
     def fork_owed(self) -> None:
-        """A job entered a quiet stage: fork the successors owed (they fault in learned
-        pages on the core the job leaves free)."""
-        for kind in sorted(self.owed):
-            if self.enabled and kind not in self.children:
+        """A job entered a quiet stage: fork the spares owed (they fault in learned pages
+        on the core the job leaves free)."""
+        for kind in protocol.SPARE_KINDS:
+            if self._owes(kind):
                 self._fork(kind)
-        self.owed.clear()
 
     def _fork(self, kind: str) -> None:
         try:
@@ -272,8 +272,7 @@ class Spares:
                     self.on_message(kind, spare.sock)
             spare = self.children.get(kind)
         if spare is None or not spare.ready:
-            if spare is None and self.enabled and kind in self.pages:
-                self.owed.discard(kind)  # owed, or one that died: for the work after this
+            if self._owes(kind):  # for the work after this one
                 self._fork(kind)
             return None
         del self.children[kind]
@@ -290,9 +289,8 @@ class Spares:
             )
 
     def hand_over(self, spare: Spare, message: dict[str, Any], fds: list[int]) -> bool:
-        """Send a taken spare its work; its successor is owed when that only needs to
-        fault in learned pages (`fork_owed`). False (and the spare killed) when sending
-        fails."""
+        """Send a taken spare its work (its successor is then owed: `fork_owed`); False
+        (and the spare killed) when sending fails."""
         try:
             protocol.send(spare.sock, message, fds)
         except (OSError, ValueError):  # gone, or the message too large: a fresh fork
@@ -300,8 +298,6 @@ class Spares:
             return False
         finally:
             spare.sock.close()
-        if self.enabled and spare.kind in self.pages:
-            self.owed.add(spare.kind)
         return True
 
     def drop(self, spare: Spare, failed: bool) -> None:
@@ -325,7 +321,6 @@ class Spares:
         self.failures += 1
         if self.failures >= MAX_SPARE_FAILURES and self.enabled:
             self.enabled = False
-            self.owed.clear()
             for other in list(self.children.values()):  # as the log line says
                 self.drop(other, failed=False)
             print(

@@ -30,7 +30,7 @@ class Watch:
     prefault: bool = False
     """A fresh fork that faulted in the pages a spare's warm-up touches before the job."""
     quiet: bool = False
-    """The job entered a stage that keeps one core busy (spares.QUIET_STAGES)."""
+    """The job entered a stage that keeps one core busy (protocol.QUIET_STAGES)."""
     done: bool = False
     """The child said its outputs are written (it is about to exit)."""
     accepted: Accepted | None = None
