@@ -8,19 +8,30 @@ import time
 
 from tests.sandbox.conftest import Arena, job_processes
 
+FINISHED = {"code": None, "signal": None, "after_done": True}
+"""`details.exit` of a job stopped once its outputs were taken."""
+EXITED_FIRST = {"code": 0, "signal": None}
+"""A job that exited by itself before the worker had taken its outputs (~10 ms race)."""
+
 
 def test_the_result_comes_before_the_exit_and_the_job_is_gone_after(each_arena: Arena) -> None:
     arena = each_arena
-    result, _, job_dir = arena.run(arena.model("benign"))
-    assert result.report.status == "succeeded", result.error
-    assert result.report.sandbox is not None
-    details = result.report.sandbox.details
-    assert details["exit"] == {"code": None, "signal": None, "after_done": True}
-    assert details["roundtrips"]["loaders"] == 1  # from the zygote's `finishing`
-    assert (job_dir / "out" / "program.pt2").is_file()
-    assert arena.runner.wait_for_cleanup(30)
-    assert job_processes() == []
-    assert [p.name for p in arena.runner.jobs_root.glob("*-*-*")] == []  # staging gone
+    exits: list[object] = []
+    for _ in range(5):  # until one job's exit lost the race to the worker, as usual
+        result, _, job_dir = arena.run(arena.model("benign"))
+        assert result.report.status == "succeeded", result.error
+        assert result.report.sandbox is not None
+        details = result.report.sandbox.details
+        exits.append(details["exit"])
+        assert details["exit"] in (FINISHED, EXITED_FIRST), details["exit"]
+        assert details["roundtrips"]["loaders"] == 1  # from `finishing` or `exited`
+        assert (job_dir / "out" / "program.pt2").is_file()
+        assert arena.runner.wait_for_cleanup(30)
+        assert job_processes() == []
+        assert [p.name for p in arena.runner.jobs_root.glob("*-*-*")] == []  # staging gone
+        if details["exit"] == FINISHED:
+            break
+    assert FINISHED in exits, exits
 
 
 def test_a_job_that_says_done_and_runs_on_is_stopped(arena: Arena) -> None:
