@@ -16,7 +16,7 @@ import pytest
 
 from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, fresh_runner
-from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, quota
+from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings, quota, results
 
 DISK_MB = 64
 MAX_INODES = 500
@@ -137,3 +137,11 @@ def test_measure_stops_counting_past_a_limit(tmp_path: Path) -> None:
     assert cut.inodes == 11  # one past the limit, then it stops
     assert cut.over(1 << 40, 10)
     assert not whole.over(1 << 40, 50)
+
+
+def test_a_use_just_over_the_quota_never_reads_as_the_quota() -> None:
+    settings = SandboxSettings(disk_mb=DISK_MB)
+    over = results.describe_disk(quota.DiskUse(bytes=(DISK_MB << 20) + 4096), settings)
+    assert over["used_mb"] == DISK_MB + 0.1
+    exact = results.describe_disk(quota.DiskUse(bytes=DISK_MB << 20), settings)
+    assert exact["used_mb"] == DISK_MB

@@ -6,6 +6,7 @@ sandbox is disabled.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shutil
@@ -218,7 +219,8 @@ def describe_disk(use: quota.DiskUse | None, settings: SandboxSettings) -> dict[
     details: dict[str, Any] = {"disk_mb": settings.disk_mb, "max_inodes": settings.max_inodes}
     if use is not None:
         details.update(
-            used_mb=round(use.bytes / (1 << 20), 1),
+            # Rounded up: a use over the quota never reads as the quota itself.
+            used_mb=math.ceil(use.bytes * 10 / (1 << 20)) / 10,
             inodes=use.inodes,
             unlinked_mb=round(use.unlinked_bytes / (1 << 20), 1),
             open_files_checked=use.open_files_checked,
