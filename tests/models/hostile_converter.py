@@ -1,9 +1,9 @@
 """Hostile upload for a job that asked for the `aoti` (and maybe `executorch`) target. Its
 own code keeps the strict profile whatever the targets: no exec, no fork, no namespaces,
 not even through the dynamic loader. What it may do beyond a job without targets is ask
-the zygote's toolchain broker to run the fixed toolchain on its own files (the control:
-`g++ --version` and a compile into its scratch); every way of bending the toolchain into
-running something else is refused. Everything contained: the module defines a model and
+the zygote's toolchain broker for the templates' commands on its own files (the control:
+`g++ --version` and an object compiled into its scratch); every way of bending the
+toolchain into running something else is refused. Everything contained: the module defines a model and
 the job succeeds; anything that got through fails the import with ESCAPED and what did.
 """
 
@@ -15,14 +15,16 @@ import sys
 import tempfile
 
 import torch
+from worker.sandbox.relay import TOOLCHAIN
+from worker.sandbox.requests import channel
 
 outcome = {}
 scratch = tempfile.mkdtemp()
 marker = os.path.join(scratch, "escaped")
-source = os.path.join(scratch, "hello.c")
-binary = os.path.join(scratch, "hello")
+source = os.path.join(scratch, "hello.cpp")
+binary = os.path.join(scratch, "hello.o")
 with open(source, "w") as handle:
-    handle.write("int main(void) { return 0; }\n")
+    handle.write("int main() { return 0; }\n")
 responses = os.path.join(scratch, "flags.rsp")
 with open(responses, "w") as handle:
     handle.write(f"-wrapper /bin/sh,-c,touch\\ {marker}\n")
@@ -48,6 +50,17 @@ def run(argv):
         raise OSError(f"exit {completed.returncode}: {completed.stderr[-200:]!r}")
 
 
+def compile_object():
+    """The broker's template for one object, asked for on the request pipe."""
+    request = {"run": "gcc", "kind": "object", "inputs": [source], "output": binary}
+    request.update(opt="O3", march="x86-64", isa="none")
+    link = channel()
+    link.send(request, prefix=TOOLCHAIN)
+    reply = link.receive("toolchain") or {}
+    if reply.get("rc") != 0 or not os.path.exists(binary):
+        raise OSError(f"not compiled: {reply}")
+
+
 def spawn(argv):
     os.posix_spawn(argv[0], argv, {})
 
@@ -64,7 +77,7 @@ def clone_namespaces():
 
 
 attempt("control_compiler_runs", lambda: run(["g++", "--version"]))
-attempt("compile", lambda: run(["g++", "-x", "c", source, "-o", binary]))
+attempt("compile", compile_object)
 attempt("run_compiled", lambda: run([binary]))
 attempt("shell", lambda: run(["/bin/sh", "-c", f"touch {marker}"]))
 attempt("python", lambda: run([sys.executable, "-c", "pass"]))

@@ -160,7 +160,7 @@ def job_uids() -> set[int]:
 def wait_for_first_slot(runner: SandboxRunner, timeout: float = 30) -> None:
     """Wait until no job of any runner on this machine holds slot 0 (a job still exiting
     holds its slot), so that the next job runs as slot 0's uid."""
-    leases = runner._leases
+    leases = runner._resources.leases
     if leases is None:
         return
     deadline = time.monotonic() + timeout
@@ -300,3 +300,21 @@ def run_benign(runner: SandboxRunner, arena: Arena, name: str) -> SandboxResult:
 def fresh_runner(**overrides: object) -> SandboxRunner:
     """A runner of its own (for settings the session runner does not have)."""
     return SandboxRunner(SandboxSettings(**overrides))  # type: ignore[arg-type]
+
+
+def run_upload(runner: SandboxRunner, model: str, options: dict[str, object]) -> SandboxResult:
+    """Run the upload `tests/models/<model>` with `options` (a 600 s timeout unless they
+    say otherwise), staged beside the runner's work root where the job uid can read it."""
+    assert runner.work_root is not None
+    upload = Path(tempfile.mkdtemp(dir=runner.work_root.parent)) / model
+    shutil.copyfile(MODELS / model, upload)
+    os.chmod(upload.parent, 0o755)
+    return runner.run(
+        SandboxJob(
+            model=upload,
+            inputs=None,
+            weights=None,
+            options=ExportOptions.model_validate({"timeout_s": 600, **options}),
+            job_dir=Path(tempfile.mkdtemp(dir=runner.work_root.parent)),
+        )
+    )

@@ -106,8 +106,8 @@ def test_a_job_gets_a_pids_cgroup_of_its_own(arena: Arena) -> None:
     if cgroups.JobGroups.open() is None:  # pragma: no cover - depends on the host
         pytest.skip("no writable pids cgroup hierarchy on this host")
     with fresh_runner(pids_max=200, spares=False, work_root=arena.root / "pids") as runner:
-        assert runner._groups  # pids, and memory where the host has a v1 hierarchy
-        parents = [group.parent for group in runner._groups]
+        assert runner._resources.groups  # pids, and memory where the host has a v1 hierarchy
+        parents = [group.parent for group in runner._resources.groups]
         result = runner.run(
             SandboxJob(
                 model=MODELS / "hostile_threads.py",

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import ExportOptions
-from tests.sandbox.conftest import MODELS, fresh_runner
-from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, converters
+from tests.sandbox.conftest import fresh_runner, run_upload
+from worker.sandbox import SandboxResult, SandboxRunner, converters
 
 pytest.importorskip("onnxruntime", reason="the `targets` extra is not installed")
 pytest.importorskip("executorch", reason="executorch is not installed (docs/targets.md)")
@@ -35,19 +34,7 @@ def runner() -> Iterator[SandboxRunner]:
 
 
 def _run(runner: SandboxRunner, model: str, options: dict[str, object]) -> SandboxResult:
-    assert runner.work_root is not None
-    upload = Path(tempfile.mkdtemp(dir=runner.work_root.parent)) / model
-    shutil.copyfile(MODELS / model, upload)
-    os.chmod(upload.parent, 0o755)
-    return runner.run(
-        SandboxJob(
-            model=upload,
-            inputs=None,
-            weights=None,
-            options=ExportOptions.model_validate({"timeout_s": 600, **options}),
-            job_dir=Path(tempfile.mkdtemp(dir=runner.work_root.parent)),
-        )
-    )
+    return run_upload(runner, model, options)
 
 
 @pytest.mark.slow

@@ -1,147 +1,201 @@
-"""The toolchain broker's checks (worker/sandbox/toolchain.py): what a job may have run for
-it, and every way of bending the fixed toolchain into running something of its choosing."""
+"""The toolchain broker's templates (worker/sandbox/toolchain_commands.py): the commands a
+job may have run for it are built from the broker's own templates; a job names its files
+and picks knobs from fixed sets, and every way of bending the toolchain into loading or
+running something of its choosing is refused."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from worker.sandbox.toolchain import Refused, check
+from worker.sandbox.converters import toolchain
+from worker.sandbox.toolchain_commands import ISAS, Paths, Refused, build, describe
 
 GXX = "/usr/bin/x86_64-linux-gnu-g++-12"
 FLATC = "/site/executorch/data/bin/flatc"
-ENTRY = {"g++": GXX, "flatc": FLATC}
+INCLUDE = ("/usr/include/python3.11", "/site/torch/include", "/site/torch/include/api")
+LIBDIRS = ("/usr/lib", "/site/torch/lib")
+PATHS = Paths(GXX, FLATC, INCLUDE, LIBDIRS)
+ROOT_TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "tmp" / "cache").mkdir(parents=True)
+    cache = tmp_path / "tmp" / "cache"
+    cache.mkdir(parents=True)
     (tmp_path / "out").mkdir()
+    (cache / "k.kernel.cpp").write_text("int f() { return 1; }\n")
+    (cache / "w.weights.S").write_text(".section .data\n")
+    (cache / "x.fbs").write_text("table T {}\nroot_type T;\n")
+    (cache / "x.json").write_text("{}\n")
     return tmp_path
 
 
-def _inductor_compile(root: Path) -> list[str]:
-    """A compile line as torch 2.13's inductor writes it (cpp_builder)."""
+def _object(root: Path, name: str = "k.kernel.o") -> Path:
+    """A real ELF relocatable object in the job's cache."""
+    path = root / "tmp" / "cache" / name
+    source = root / "tmp" / "cache" / "obj.c"
+    source.write_text("int g(void) { return 2; }\n")
+    subprocess.run(["gcc", "-c", str(source), "-o", str(path)], check=True)
+    return path
+
+
+def _gcc(root: Path, kind: str, inputs: list[str], output: str, **knobs: object) -> dict:
+    request = {"run": "gcc", "kind": kind, "inputs": inputs, "output": output}
+    return {**request, "opt": "O3", "march": "x86-64-v3", "isa": "avx2", **knobs}
+
+
+def test_a_compile_is_the_template_with_the_jobs_files(root: Path) -> None:
     cache = root / "tmp" / "cache"
+    source, output = str(cache / "k.kernel.cpp"), str(cache / "k.kernel.o")
+    program, argv, cwd, merge = build(_gcc(root, "object", [source], output), PATHS, root)
+    assert (program, argv[0], argv[1], cwd, merge) == (GXX, GXX, source, str(cache), False)
+    assert argv[-3:] == ["-c", "-o", output]
+    assert argv[10:12] == ["-D", "CPU_CAPABILITY_AVX2"]
+    assert [f"-I{path}" for path in INCLUDE] == [a for a in argv if a.startswith("-I")]
+    assert "-march=x86-64-v3" in argv and "-O3" in argv
+    assert argv[-6:-3] == list(ISAS["avx2"][1])
+    # A link: objects in, the model library out, libtorch and the worker's lib dirs.
+    obj = str(_object(root))
+    link = _gcc(root, "shared", [obj], str(cache / "m.so"))
+    argv = build(link, PATHS, root)[1]
+    assert argv[1] == obj and "-shared" in argv
+    assert argv[-5:] == ["-ltorch", "-ltorch_cpu", "-lgomp", "-L/usr/lib", "-L/site/torch/lib"]
+    for kind in ("version", "verbose"):
+        argv = build({"run": "gcc", "kind": kind}, PATHS, root)[1]
+        assert argv == [GXX, "--version" if kind == "version" else "-v"]
+    flatc = {"run": "flatc", "kind": "binary", "outdir": str(cache)}
+    flatc |= {"schema": str(cache / "x.fbs"), "data": str(cache / "x.json")}
+    argv = build(flatc, PATHS, root)[1]
+    files = [str(cache / "x.fbs"), str(cache / "x.json")]
+    assert argv == [FLATC, "--binary", "-o", str(cache), *files]
+
+
+def _hostile(root: Path) -> list[dict[str, object]]:
+    cache = root / "tmp" / "cache"
+    source, output = str(cache / "k.kernel.cpp"), str(cache / "k.kernel.o")
+    good = _gcc(root, "object", [source], output)
+    script = cache / "script.o"
+    script.write_text("INPUT(/etc/passwd)\n")  # a linker script named like an object
+    os.symlink("/etc/passwd", cache / "linked.cpp")
+    os.symlink(cache, root / "tmp" / "via")
+    (cache / "fifo.cpp").unlink(missing_ok=True)
+    os.mkfifo(cache / "fifo.cpp")
+    os.symlink("/tmp/escaped.o", cache / "out-link.o")
     return [
-        "g++",
-        str(cache / "k.kernel.cpp"),
-        "-D",
-        "TORCH_INDUCTOR_CPP_WRAPPER",
-        "-D",
-        "C10_USING_CUSTOM_GENERATED_MACROS",
-        "-DNDEBUG",
-        "-O3",
-        "-fno-omit-frame-pointer",
-        "-g1",
-        "-ffp-contract=off",
-        "-fexcess-precision=fast",
-        "-march=x86-64-v3",
-        "-fPIC",
-        "-Wall",
-        "-std=c++20",
-        "-Wno-unused-variable",
-        "-pedantic",
-        "-fopenmp",
-        "-I/usr/include/python3.11",
-        "-I/site/torch/include",
-        "-mavx2",
-        "-mfma",
-        "-c",
-        "-o",
-        str(cache / "k.kernel.o"),
+        # The request of round 3's attack: an argv of the job's choosing.
+        {"exec": ["g++", "-fcompare-debug=-B.", source, "-o", output]},
+        {**good, "flags": ["-B."]},
+        {**good, "isa": "avx2 -B."},
+        {**good, "isa": "-fplugin=/x.so"},
+        {**good, "march": "native -B."},
+        {**good, "opt": "-B."},
+        {**good, "opt": "O3", "cwd": "/"},
+        {**good, "inputs": ["-B."]},
+        {**good, "inputs": ["-fcompare-debug=-B."]},
+        {**good, "inputs": ["@" + source]},
+        {**good, "inputs": ["/etc/passwd"]},
+        {**good, "inputs": [str(cache / "linked.cpp")]},
+        {**good, "inputs": [str(root / "tmp" / "via" / "k.kernel.cpp")]},
+        {**good, "inputs": [str(cache / ".." / "cache" / "k.kernel.cpp")]},
+        {**good, "inputs": [str(cache / "fifo.cpp")]},
+        {**good, "inputs": [str(cache / "missing.cpp")]},
+        {**good, "inputs": [str(cache / "x.json")]},  # not a C++ or assembler source
+        {**good, "inputs": ["relative.cpp"]},
+        {**good, "inputs": [source, source]},  # one source per object
+        {**good, "inputs": source},
+        {**good, "output": "/tmp/escaped.o"},
+        {**good, "output": str(cache / "k.kernel.so")},  # an object ends in .o
+        {**good, "output": str(cache / "out-link.o")},
+        {**good, "output": str(cache / "missing-dir" / "k.o")},
+        {**good, "output": str(root)},
+        _gcc(root, "shared", [str(script)], str(cache / "m.so")),
+        _gcc(root, "shared", [source], str(cache / "m.so")),
+        {"run": "gcc", "kind": "version", "inputs": [source]},
+        {"run": "gcc", "kind": "preprocess", "inputs": [source], "output": output},
+        {"run": "sh", "kind": "version"},
+        {"run": "gcc", "kind": "version", "merge": "yes"},
+        {"run": "flatc", "kind": "binary", "outdir": "/tmp", "schema": "x", "data": "y"},
+        {"run": "flatc", "kind": "conform", "outdir": str(cache)},
+        [],
+        "g++ --version",
     ]
 
 
-def test_what_inductor_and_executorch_run_is_allowed(root: Path) -> None:
-    cache = root / "tmp" / "cache"
-    program, argv, cwd, merge = check(
-        {"exec": _inductor_compile(root), "cwd": str(cache), "merge": True}, ENTRY, root
-    )
-    assert (program, argv[0], cwd, merge) == (GXX, GXX, str(cache), True)
-    assert argv[1:] == _inductor_compile(root)[1:]
-    link = ["g++", str(cache / "a.o"), str(cache / "b.o"), "-shared", "-fPIC", "-o"]
-    link += [str(cache / "m.so"), "-ltorch", "-lgomp", "-L/site/torch/lib"]
-    assert check({"exec": link}, ENTRY, root)[0] == GXX
-    for probe in (["g++", "--version"], ["g++", "-dumpfullversion", "-dumpversion"]):
-        assert check({"exec": probe}, ENTRY, root)[1][1:] == probe[1:]
-    flatc = [FLATC, "--binary", "-o", str(cache), str(cache / "s.fbs"), str(cache / "s.json")]
-    assert check({"exec": flatc}, ENTRY, root)[0] == FLATC
-    assert check({"exec": ["g++", "--version"]}, ENTRY, root)[2] == str(root)  # default cwd
+def test_anything_else_is_refused(root: Path) -> None:
+    _object(root)
+    for request in _hostile(root):
+        with pytest.raises(Refused):
+            build(request, PATHS, root)
+            pytest.fail(f"built: {request}")
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["/bin/sh", "-c", "true"],
-        ["sh", "-c", "true"],
-        ["/lib64/ld-linux-x86-64.so.2", "/bin/sh"],
-        ["ld-linux-x86-64.so.2", "/bin/sh"],
-        ["cc1plus", "x.cpp"],
-        ["/usr/bin/python3", "-c", "pass"],
-        ["g++", "-wrapper", "/bin/sh,-c,true", "--version"],
-        ["g++", "-fplugin=/x/evil.so", "--version"],
-        ["g++", "-fplugin-arg-evil-x=1", "--version"],
-        ["g++", "-B", "/x", "--version"],
-        ["g++", "-B/x", "--version"],
-        ["g++", "-specs=/x/specs", "--version"],
-        ["g++", "@/x/flags.rsp"],
-        ["g++", "-Wl,-plugin,/x/evil.so", "--version"],
-        ["g++", "-Wa,--defsym,x=1", "--version"],
-        ["g++", "-Xlinker", "-plugin", "--version"],
-        ["g++", "-fuse-ld=gold", "--version"],
-        ["g++", "-flto", "--version"],
-        ["g++", "-fuse-linker-plugin", "--version"],
-        ["g++", "-x", "python", "--version"],
-        ["g++", "-c", "/etc/passwd", "-o", "{root}/tmp/x.o"],
-        ["g++", "-c", "{root}/tmp/x.c", "-o", "/tmp/escaped.o"],
-        ["g++", "-c", "{root}/tmp/../../x.c"],
-        ["g++", "-c", "relative.c"],
-        ["g++", "-I", "relative/include", "--version"],
-        ["g++", "-o"],
-        ["g++", "-print-prog-name=cc1plus"],
-        [FLATC, "--conform", "{root}/tmp/x.fbs"],
-        [FLATC, "-o", "/tmp", "{root}/tmp/x.fbs"],
-        [],
-    ],
-)
-def test_anything_else_is_refused(root: Path, argv: list[str]) -> None:
-    request = {"exec": [arg.replace("{root}", str(root)) for arg in argv]}
+def test_a_job_without_toolchain_targets_has_no_programs(root: Path) -> None:
     with pytest.raises(Refused):
-        check(request, ENTRY, root)
-
-
-def test_cwd_and_links_must_stay_in_the_job(
-    root: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    outside = tmp_path_factory.mktemp("outside")
-    with pytest.raises(Refused):
-        check({"exec": ["g++", "--version"], "cwd": str(outside)}, ENTRY, root)
-    os.symlink(outside, root / "tmp" / "link")  # a link the job made, pointing out
-    with pytest.raises(Refused):
-        check({"exec": ["g++", "-c", str(root / "tmp" / "link" / "x.c")]}, ENTRY, root)
-
-
-def test_a_job_without_toolchain_targets_has_no_entry_points(root: Path) -> None:
-    with pytest.raises(Refused):
-        check({"exec": ["g++", "--version"]}, {}, root)
+        build({"run": "gcc", "kind": "version"}, Paths(None, None, (), ()), root)
     with pytest.raises(Refused):  # one target's program is not another's
-        check({"exec": ["g++", "--version"]}, {"flatc": FLATC}, root)
+        build({"run": "gcc", "kind": "version"}, Paths(None, FLATC, (), ()), root)
 
 
-@pytest.mark.parametrize(
-    "request_",
-    [
-        {"exec": "g++ --version"},
-        {"exec": ["g++", 7]},
-        {"exec": ["g++", ""]},
-        {"exec": ["g++", "-DX=\x00"]},
-        {"exec": ["g++", "-DX"] * 600},
-        {"exec": ["g++", "-D" + "X" * 5000]},
-    ],
-)
-def test_malformed_requests_are_refused(root: Path, request_: dict[str, object]) -> None:
-    with pytest.raises(Refused):
-        check(request_, ENTRY, root)
+def test_the_job_side_refuses_an_argv_that_is_not_a_template(root: Path) -> None:
+    cache = root / "tmp" / "cache"
+    source, output = str(cache / "k.kernel.cpp"), str(cache / "k.kernel.o")
+    argv = build(_gcc(root, "object", [source], output), PATHS, root)[1]
+    assert describe(["g++", *argv[1:]], PATHS) == _gcc(root, "object", [source], output)
+    for bent in (
+        ["g++", "-fcompare-debug=-B.", *argv[1:]],
+        ["g++", *argv[1:], "-B."],
+        ["g++", *[a.replace("-O3", "-O2") for a in argv[1:]]],
+        ["sh", "-c", "true"],
+        [],
+    ):
+        with pytest.raises(Refused):
+            describe(bent, PATHS)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
+def test_every_command_of_an_aoti_compile_is_a_template(tmp_path: Path) -> None:
+    """What torch's inductor runs for an AOTInductor package here, with each `aoti.isa`,
+    is a template's command with the worker's directories, flag for flag."""
+    script = tmp_path / "capture.py"
+    script.write_text(_CAPTURE)
+    found = toolchain(["aoti"])
+    paths = Paths(None, None, tuple(found["include"]), tuple(found["libdirs"]))
+    for isa in ("portable", "native", "x86-64"):
+        log = tmp_path / f"{isa}.json"
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"cache-{isa}")}
+        subprocess.run(
+            [sys.executable, str(script), isa, str(log), str(tmp_path / f"{isa}.pt2")],
+            check=True,
+            env=env,
+            cwd=ROOT_TESTS.parent,
+            timeout=240,
+        )
+        commands = json.loads(log.read_text())
+        kinds = {describe(argv, paths)["kind"] for argv in commands}
+        assert {"version", "object", "shared"} <= kinds
+
+
+_CAPTURE = """
+import json, subprocess, sys
+from pathlib import Path
+commands = []
+original = subprocess.Popen.__init__
+def record(self, args, *rest, **kwargs):
+    commands.append([str(a) for a in args])
+    return original(self, args, *rest, **kwargs)
+subprocess.Popen.__init__ = record
+import torch
+from engine.targets import aoti
+model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+program = torch.export.export(model, (torch.randn(3, 8),))
+aoti.convert(program, (), {}, Path(sys.argv[3]), isa=sys.argv[1])
+json.dump(commands, open(sys.argv[2], "w"))
+"""

@@ -22,10 +22,12 @@ import importlib.util
 import platform
 import shutil
 import subprocess
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["JOB_PATH", "entry_points", "programs"]
+__all__ = ["JOB_PATH", "directories", "programs", "toolchain"]
 
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 """The PATH a job child has (lockdown.environment)."""
@@ -48,17 +50,34 @@ def programs(targets: Iterable[str]) -> list[Path]:
     return sorted(found)
 
 
-def entry_points(targets: Iterable[str]) -> dict[str, str]:
-    """The programs a job converting to `targets` may ask the toolchain broker to run, by
-    the name it asks with (`g++`, `flatc`): the compiler driver and flatc, never their
-    helpers, nor the dynamic loader."""
-    found: dict[str, str] = {}
+def toolchain(targets: Iterable[str]) -> dict[str, Any]:
+    """What the toolchain broker builds a job's commands from (toolchain_commands.py):
+    the programs a job converting to `targets` may have run, by the name it asks with
+    (`g++`, `flatc`: the compiler driver and flatc, never their helpers or the dynamic
+    loader), and for `g++` the include and library directories of Python and torch, as
+    torch's inductor names them. Empty when none of the targets runs a program."""
+    found: dict[str, Any] = {}
     for target in targets:
         if target == "aoti" and _aoti():
             found["g++"] = str(_aoti()[0])
+            found["include"], found["libdirs"] = directories()
         if target == "executorch" and _executorch():
             found["flatc"] = str(_executorch()[0])
     return found
+
+
+def directories() -> tuple[list[str], list[str]]:
+    """Python's and torch's include and library directories, in inductor's order
+    (`cpp_builder._get_python_related_args`, `cpp_extension.include_paths`), found without
+    importing torch."""
+    include = [sysconfig.get_path("include"), sysconfig.get_path("include", "posix_prefix")]
+    libdirs = [str(sysconfig.get_config_var("LIBDIR"))]
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        torch_dir = Path(next(iter(spec.submodule_search_locations)))
+        include += [str(torch_dir / "include"), str(torch_dir / "include/torch/csrc/api/include")]
+        libdirs.append(str(torch_dir / "lib"))
+    return list(dict.fromkeys(include)), libdirs
 
 
 @functools.cache

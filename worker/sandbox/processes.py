@@ -12,13 +12,17 @@ import contextlib
 import os
 import signal
 
+PR_SET_CHILD_SUBREAPER = 36
+
 __all__ = [
+    "PR_SET_CHILD_SUBREAPER",
     "close_fd",
     "count_threads",
     "describe_status",
     "find_child",
     "find_outer_pid",
     "kill_group",
+    "kill_strays",
     "list_children",
     "read_nspid",
     "read_rss",
@@ -55,6 +59,37 @@ def list_children(pid: int) -> list[int]:
             return [int(x) for x in handle.read().split()]
     except OSError:
         return []
+
+
+def kill_strays(known: set[int]) -> list[int]:
+    """SIGKILL every child of this process that is not in `known`, with its process group.
+
+    The zygote is a child subreaper (`PR_SET_CHILD_SUBREAPER`): a process a job's helper
+    left behind when it exited (a toolchain program's child) becomes the zygote's child
+    instead of init's. Its group is its job's session (no process of a job may call
+    `setsid` or `setpgid`), which it still belongs to, so the group's id cannot have been
+    reused; an unreaped child's pid cannot either. The strays are reaped by the
+    zygote's usual `waitpid(-1)`. Returns the strays' pids."""
+    strays = []
+    for task in _tasks(os.getpid()):
+        try:
+            with open(f"/proc/self/task/{task}/children") as handle:
+                strays += [int(x) for x in handle.read().split() if int(x) not in known]
+        except OSError:
+            continue
+    for pid in strays:
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return strays
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return [str(pid)]
 
 
 def find_child(parent: int, inner: int) -> int | None:

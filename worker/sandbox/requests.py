@@ -4,14 +4,16 @@ back). Runs inside the locked-down job child.
 
 `BrokeredPopen` stands in for `subprocess.Popen` in the job child: the strict profile
 refuses every exec, so a conversion's `subprocess.run(["g++", ...])` (torch's inductor)
-or `subprocess.run([flatc, ...])` (executorch) becomes a toolchain request
-(`TOOLCHAIN{"exec": argv, "cwd": dir, "merge": bool}`), which the zygote hands to a
-child of its own that checks and runs it. Anything the broker refuses raises
-`PermissionError`, as a refused exec would.
+or `subprocess.run([flatc, ...])` (executorch) becomes a toolchain request naming the
+command's kind and files (`toolchain_commands.describe`: only an argv that is exactly a
+template's), which the zygote hands to a child of its own that builds the command from
+its templates and runs it. Anything refused raises `PermissionError`, as a refused exec
+would.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from worker.sandbox import protocol
+from worker.sandbox.converters import directories
 from worker.sandbox.relay import TOOLCHAIN
+from worker.sandbox.toolchain_commands import Paths, Refused, describe
 
 __all__ = ["BrokeredPopen", "Channel", "channel", "install"]
 
@@ -97,8 +101,10 @@ class BrokeredPopen:
             kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding")
         )
         merge = kwargs.get("stderr") == subprocess.STDOUT
-        cwd = kwargs.get("cwd")
-        request = {"exec": argv, "cwd": os.fspath(cwd) if cwd is not None else None}
+        try:
+            request = describe(argv, _paths())
+        except Refused as exc:
+            self._refuse(argv, str(exc))
         request["merge"] = merge
         link = channel()
         link.send(request, prefix=TOOLCHAIN)
@@ -152,6 +158,14 @@ def _outputs(run: int) -> tuple[bytes, bytes]:
         except OSError:
             found.append(b"")
     return found[0], found[1]
+
+
+@functools.cache
+def _paths() -> Paths:
+    """The include and library directories the broker's templates name, as this process
+    finds them (the broker uses the worker's: the same interpreter and torch)."""
+    include, libdirs = directories()
+    return Paths(gxx=None, flatc=None, include=tuple(include), libdirs=tuple(libdirs))
 
 
 def install() -> None:

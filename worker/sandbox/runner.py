@@ -39,10 +39,11 @@ from worker.sandbox import (
 )
 from worker.sandbox.exiting import Exiting
 from worker.sandbox.gpu import GpuAccess
+from worker.sandbox.job_resources import JobResources
 from worker.sandbox.pipes import ProgressCallback
 from worker.sandbox.processes import list_children
 from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
-from worker.sandbox.slots import Slot, SlotLeases, default_directories
+from worker.sandbox.slots import Slot
 from worker.sandbox.staging import Cleaner, stage
 from worker.sandbox.zygote_client import (
     SandboxUnavailable,
@@ -69,13 +70,8 @@ class SandboxRunner:
         self._lock = threading.Lock()
         self._owned_root: Path | None = None
         self._counter = itertools.count()
-        self._leases: SlotLeases | None = None
-        self._groups: list[cgroups.JobGroups] = []
-        """The runner's parent groups: pids, and memory where the host has a v1 hierarchy."""
-        self._stale_groups: list[Path] = []
-        """Job cgroups whose last process (a killed loader) was not reaped yet."""
-        self._job_groups: dict[str, list[Path]] = {}
-        """Concurrency slots of the jobs running now (each slot has its own uid)."""
+        self._resources = JobResources(self.settings)
+        """Slots (each with its own uid), cgroups and the trees of the jobs running now."""
         self._gpu: GpuAccess | None = None
         self._cleaner: Cleaner | None = None
         self._exiting = Exiting()
@@ -129,17 +125,10 @@ class SandboxRunner:
         if want is True and self._host.bwrap is None:
             raise SandboxUnavailable("bubblewrap was required: " + self._host.notes["bwrap"])
         self._bwrap = self._host.bwrap
-        self._groups = [
-            group
-            for group in (cgroups.JobGroups.open("pids"), cgroups.JobGroups.open("memory"))
-            if group is not None
-        ]
-        if self.settings.job_ids() is not None:
-            candidates = self.settings.slot_dirs or default_directories()
-            try:
-                self._leases = SlotLeases.open([*candidates, self.work_root / "slots"])
-            except OSError as exc:
-                raise SandboxUnavailable(f"job slots cannot be leased: {exc}") from exc
+        try:
+            self._resources.open(self.work_root)
+        except OSError as exc:
+            raise SandboxUnavailable(f"job slots cannot be leased: {exc}") from exc
         self._spawn()
         return self
 
@@ -153,9 +142,7 @@ class SandboxRunner:
         if self._cleaner is not None:
             self._cleaner.close()
             self._cleaner = None
-        for group in self._groups:
-            group.close()
-        self._groups = []
+        self._resources.close()
         if self._owned_root is not None:
             shutil.rmtree(self._owned_root, ignore_errors=True)
             self._owned_root = None
@@ -258,7 +245,7 @@ class SandboxRunner:
             jobs_root=self.jobs_root,
             tmpfs_mb=self.settings.tmpfs_mb,
             gpu=self._gpu,
-            cgroups=[group.parent for group in self._groups],
+            cgroups=[group.parent for group in self._resources.groups],
         )
         config = build_config(
             self.settings, self._host, self.jobs_root, bwrap=self._bwrap, gpu=self._gpu
@@ -299,7 +286,7 @@ class SandboxRunner:
             return results.run_unconfined(job, options, on_progress)
         job_id = f"{os.getpid()}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
         staging = self.jobs_root / job_id
-        slot = self._take_slot()
+        slot = self._resources.take_slot()
         ids = self.settings.job_ids(slot.number)
         exited: Callable[[], None] | None = None
         try:
@@ -316,45 +303,11 @@ class SandboxRunner:
                 self._exiting.wait_then(exited, release, f"sandbox-exit-{job_id}")
 
     def _release(self, job_id: str, slot: Slot, staging: Path) -> None:
-        self._drop_group(job_id)
-        self._free_slot(slot)
+        self._resources.release(job_id, slot)  # once nothing of the job is left
         if (cleaner := self._cleaner) is not None:  # a job still exiting at close: None
             cleaner.remove(staging)
         else:
             shutil.rmtree(staging, ignore_errors=True)
-
-    def _job_groups_for(self, job_id: str, memory_bytes: int) -> dict[str, Path]:
-        """This job's cgroups by controller (`pids`, `memory`; none where the host has
-        none for us). The memory group's limit is the watchdog's with a margin: the
-        watchdog names the job's overrun first, the kernel bounds a faster one."""
-        with self._lock:
-            self._stale_groups = [g for g in self._stale_groups if not cgroups.JobGroups.remove(g)]
-        made: dict[str, Path] = {}
-        for parent in self._groups:
-            limit = self.settings.pids_max
-            if parent.controller == "memory":
-                limit = memory_bytes + max(512 << 20, memory_bytes // 4)
-            group = parent.create(job_id, limit)
-            if group is not None:
-                made[parent.controller] = group
-        self._job_groups[job_id] = list(made.values())
-        return made
-
-    def _drop_group(self, job_id: str) -> None:
-        for group in self._job_groups.pop(job_id, []):
-            if not cgroups.JobGroups.remove(group):
-                with self._lock:
-                    self._stale_groups.append(group)
-
-    def _take_slot(self) -> Slot:
-        """The lowest concurrency slot no running job on this machine holds (its uid:
-        settings.job_ids); slot 0 where jobs keep the worker's uid."""
-        if self._leases is None:
-            return Slot(0, None)
-        return self._leases.take()
-
-    def _free_slot(self, slot: Slot) -> None:
-        SlotLeases.release(slot)
 
     def wait_for_cleanup(self, timeout: float) -> bool:
         """Wait until the staging directories of finished jobs are deleted (that happens
@@ -393,15 +346,16 @@ class SandboxRunner:
         executables = converters.programs(options.targets)
         if executables:  # the toolchain children's profile (toolchain.py; never the job's)
             limits["executables"] = [str(path) for path in executables]
-            limits["toolchain"] = converters.entry_points(options.targets)
+            limits["toolchain"] = converters.toolchain(options.targets)
         rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
         memory_bytes = (memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
-        groups = self._job_groups_for(job_id, memory_bytes)
+        groups = self._resources.groups_for(job_id, memory_bytes)
         if groups:
             limits["cgroups"] = [str(group) for group in groups.values()]
         group = groups.get("pids") or groups.get("memory")
         watch = supervisor.Watch()
-        watch.tree.group = group
+        watch.tree.group, watch.tree.anchor = group, zygote.outer_pid
+        self._resources.track(job_id, watch.tree)
         zygote.watches[job_id] = watch
         progress_r, progress_w = os.pipe2(os.O_CLOEXEC)
         output_r, output_w = os.pipe2(os.O_CLOEXEC)

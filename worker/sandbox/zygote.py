@@ -42,9 +42,17 @@ from worker.sandbox.lockdown import (
     Limits,
     LockdownError,
     apply,
+    prctl,
     set_dumpable,
 )
-from worker.sandbox.processes import close_fd, count_threads, kill_group, read_status_mb
+from worker.sandbox.processes import (
+    PR_SET_CHILD_SUBREAPER,
+    close_fd,
+    count_threads,
+    kill_group,
+    kill_strays,
+    read_status_mb,
+)
 from worker.sandbox.spares import Spares
 from worker.sandbox.toolchain import Toolchains
 from worker.sandbox.warmup import (
@@ -297,6 +305,15 @@ class Zygote:
             },
         )
 
+    def kill_strays(self) -> None:
+        """Kill every child of the zygote that is none of its jobs, their helpers or its
+        spares: what a helper of a job left behind when it exited (the zygote is their
+        subreaper; processes.kill_strays)."""
+        known = {spare.pid for spare in self.spares.children.values()}
+        for job in self.jobs.values():
+            known.update((job.pid, *job.helpers()))
+        kill_strays(known)
+
     def announce_helper(self, job: Job, pid: int) -> None:
         """Tell the worker about a new process of `job` (a loader or a toolchain child):
         its memory and open files count against the job's limits (tree.py)."""
@@ -385,6 +402,8 @@ class Zygote:
             kill_group(helper)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(helper, 0)
+        del self.jobs[job.id]
+        self.kill_strays()  # what its helpers left behind, reparented to the zygote
         for fd in (job.request_fd, job.loader_fd):
             if fd is not None and fd >= 0:
                 with contextlib.suppress(KeyError, ValueError):
@@ -397,7 +416,6 @@ class Zygote:
             job.loader_out.clear()
         job.requests.clear()
         close_fd(job.toolchain_status)
-        del self.jobs[job.id]
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         protocol.send(
@@ -441,6 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     ctl = socket.socket(fileno=int(args[0]))
     zygote = Zygote(ctl)
     zygote.start()
+    # What a job's helper leaves behind when it exits becomes the zygote's child, in
+    # reach (kill_strays), not init's.
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     zygote.serve()
     # Its children are gone; tearing down torch's interpreter state would only make the
     # worker wait (~2 s at the end of every one-shot `torchport export`).
