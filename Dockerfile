@@ -118,4 +118,6 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
   CMD ["python", "/usr/local/bin/torchport-healthcheck"]
 
 ENTRYPOINT ["tini", "--"]
-CMD ["uvicorn", "service.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--forwarded-allow-ips", "*"]
+# --no-proxy-headers: the app reads X-Forwarded-For itself, from TORCHPORT_TRUSTED_PROXIES
+# only (uvicorn's own handling trusts it from loopback, or from everyone with '*').
+CMD ["uvicorn", "service.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--no-proxy-headers"]

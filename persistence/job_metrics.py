@@ -6,8 +6,12 @@ API's reaper (a lost worker), the API itself (a queued job canceled, a cache hit
 the API, which serves `/metrics`, never imports the worker or torch. So the process that
 ends a job adds what it observed to the table `metric_totals` in the very transaction
 that ends the job: a job is counted once, whatever process or replica ended it, and every
-API replica reads the same totals at scrape time (one small table: a row per sample,
-bounded by the label values, never by the number of jobs).
+API replica reads the same totals into its metrics snapshot (one small table: a row per
+sample, bounded by the label values, never by the number of jobs).
+
+Label values come from the contract's fixed sets (job statuses, error codes, stages, target
+names and results), never from what a job wrote: a value outside its set is counted as
+`other` (`fold`), so a report naming thousands of invented targets adds to one series.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import get_args
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, select, tuple_
+from sqlalchemy.orm import Session, sessionmaker
 
-from persistence.database import upsert
+from persistence.database import transaction, upsert
 from persistence.models import MetricTotal
-from schemas import ReportDocument
+from schemas import ERROR_CODES, STAGES, ReportDocument, TargetName, TargetResult
 
 JOB_DURATION = "torchport_job_duration_seconds"
 """Histogram {outcome, code}: submission to end of each finished job (cache hits aside)."""
@@ -51,6 +56,31 @@ def bound_label(bound: float) -> str:
     return "+Inf" if bound == INF else repr(float(bound))
 
 
+OTHER = "other"
+"""The label value every value outside its label's fixed set is counted under."""
+LABEL_VALUES: dict[str, frozenset[str]] = {
+    "outcome": frozenset(("succeeded", "failed", "canceled")),
+    "code": frozenset(("", *ERROR_CODES)),
+    "stage": frozenset(STAGES),
+    "target": frozenset(get_args(TargetName)),
+    "result": frozenset(get_args(TargetResult.model_fields["status"].annotation)),
+}
+"""The values each label of the totals may take (the contract's own sets)."""
+_BOUND_LABELS = {family: {bound_label(b) for b in bounds} for family, bounds in HISTOGRAMS.items()}
+
+
+def fold(family: str, labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels a sample is counted under: each value outside its label's fixed set is
+    `other`, and a bucket bound the family does not have is its last bucket, `+Inf`."""
+    folded: dict[str, str] = {}
+    for name, value in labels.items():
+        if name == "le":
+            folded[name] = value if value in _BOUND_LABELS.get(family, ()) else "+Inf"
+        else:
+            folded[name] = value if value in LABEL_VALUES.get(name, ()) else OTHER
+    return folded
+
+
 def _labels(values: Mapping[str, str]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
 
@@ -62,15 +92,19 @@ class Tally:
     additions: dict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
 
     def count(self, family: str, labels: Mapping[str, str], amount: float = 1.0) -> None:
-        """Add to a counter."""
-        self.additions[(family, "total", _labels(labels))] += amount
+        """Add to a counter (labels folded to their fixed sets)."""
+        self.add(family, "total", labels, amount)
 
     def observe(self, family: str, labels: Mapping[str, str], value: float) -> None:
         """Add one observation to a histogram: its count, its sum and its own bucket."""
         bound = next(b for b in HISTOGRAMS[family] if value <= b)
-        self.additions[(family, "count", _labels(labels))] += 1
-        self.additions[(family, "sum", _labels(labels))] += value
-        self.additions[(family, "bucket", _labels({**labels, "le": bound_label(bound)}))] += 1
+        self.add(family, "count", labels, 1)
+        self.add(family, "sum", labels, value)
+        self.add(family, "bucket", {**labels, "le": bound_label(bound)}, 1)
+
+    def add(self, family: str, sample: str, labels: Mapping[str, str], amount: float) -> None:
+        """Add to one sample, its labels folded to their fixed sets (`fold`)."""
+        self.additions[(family, sample, _labels(fold(family, labels)))] += amount
 
 
 def add(session: Session, tally: Tally) -> None:
@@ -129,14 +163,52 @@ class Total:
     sample: str
     labels: dict[str, str]
     value: float
+    stored_labels: str = ""
+    """The labels as the row holds them (its key)."""
 
 
 def read_totals(session: Session) -> list[Total]:
-    """Every row of the totals (a few hundred at most: bounded by the label values)."""
+    """Every row of the totals (a few thousand at most: bounded by the label values; rows
+    an earlier release wrote with other values are folded away by `compact`)."""
     rows: Iterable[Sequence[object]] = session.execute(
         select(MetricTotal.family, MetricTotal.sample, MetricTotal.labels, MetricTotal.value)
     ).all()
     return [
-        Total(str(family), str(sample), json.loads(str(labels)), float(str(value)))
+        Total(str(family), str(sample), json.loads(str(labels)), float(str(value)), str(labels))
         for family, sample, labels, value in rows
     ]
+
+
+def is_folded(total: Total) -> bool:
+    """Whether a row's labels are already those of its fixed sets (rows an earlier release
+    wrote may carry values a job chose)."""
+    labels = fold(total.family, total.labels)
+    return labels == total.labels and total.stored_labels == _labels(labels)
+
+
+COMPACT_BATCH = 1000
+"""Rows folded per transaction by `compact`."""
+
+
+def compact(sessions: sessionmaker[Session], stray: Sequence[Total]) -> int:
+    """Fold rows whose labels are outside their fixed sets into the rows of their folded
+    labels, `COMPACT_BATCH` rows per transaction. Each batch is deleted with `RETURNING`,
+    so of two replicas folding the same rows at once only the one that deleted a row adds
+    its value. Returns how many rows were folded."""
+    folded = 0
+    for start in range(0, len(stray), COMPACT_BATCH):
+        keys = [(t.family, t.sample, t.stored_labels) for t in stray[start : start + COMPACT_BATCH]]
+        with transaction(sessions) as session:
+            taken = session.execute(
+                delete(MetricTotal)
+                .where(tuple_(MetricTotal.family, MetricTotal.sample, MetricTotal.labels).in_(keys))
+                .returning(
+                    MetricTotal.family, MetricTotal.sample, MetricTotal.labels, MetricTotal.value
+                )
+            ).all()
+            tally = Tally()
+            for family, sample, labels, value in taken:
+                tally.add(str(family), str(sample), json.loads(str(labels)), float(value))
+            add(session, tally)
+        folded += len(taken)
+    return folded

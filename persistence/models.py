@@ -1,6 +1,7 @@
 """Database tables (SQLAlchemy 2): jobs, their stage events and artifacts, API keys, the
-leases of stored blobs, the environments workers describe when they start, the worker
-processes alive, and the totals of finished jobs `/metrics` shows.
+leases of stored blobs and where the files of model zips lie in them, the environments
+workers describe when they start, the worker processes alive, and the totals of finished
+jobs `/metrics` shows.
 
 The job row is the source of truth for a job's status; the broker only carries its id.
 Schema changes go through Alembic (`service/migrations/`).
@@ -179,6 +180,28 @@ class Blob(Base):
     size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     """Bytes; null for uploads stored before blobs were recorded (migration 0004)."""
     leased_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ZipMember(Base):
+    """Where one regular file of an uploaded model zip lies in its blob, as the one parse
+    of the zip's central directory at upload found it (`persistence.zip_index`): a file of
+    the zip is read from here, never by parsing the directory again. A blob's index
+    follows from its bytes alone, so it is kept, and deleted, with the blob's row."""
+
+    __tablename__ = "zip_members"
+
+    blob_sha256: Mapped[str] = mapped_column(
+        String(64), ForeignKey("blobs.sha256", ondelete="CASCADE"), primary_key=True
+    )
+    path_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """SHA-256 of the member's path as the engine unpacks it: a zip's name may be 64 KiB,
+    more than a B-tree index entry holds."""
+    header_offset: Mapped[int] = mapped_column(BigInteger)
+    compress_size: Mapped[int] = mapped_column(BigInteger)
+    file_size: Mapped[int] = mapped_column(BigInteger)
+    compress_type: Mapped[int] = mapped_column(Integer)
+    flag_bits: Mapped[int] = mapped_column(Integer)
+    crc: Mapped[int] = mapped_column(BigInteger)
 
 
 class WorkerEnvironmentRow(Base):

@@ -262,6 +262,12 @@ class LocalStore:
             raise StoreError(f"artifact directory not writable: {exc}") from exc
 
 
+def _error_code(exc: BaseException | None) -> str:
+    """The S3 error code of a botocore `ClientError` ("" for anything else)."""
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
 class S3Store:
     """Blobs as objects `<prefix>/<sha[:2]>/<sha>` in an S3-compatible bucket."""
 
@@ -328,11 +334,17 @@ class S3Store:
         return int(head["ContentLength"])
 
     def read(self, sha256: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-        """The bytes `start..end` (inclusive) of the object, in chunks."""
+        """The bytes `start..end` (inclusive) of the object, in chunks; none from `start`
+        at or past its end (as a local file reads), where S3 answers 416."""
         byte_range = f"bytes={start}-{'' if end is None else end}"
-        answer = self._call(
-            "get_object", Bucket=self.bucket, Key=self._key(sha256), Range=byte_range
-        )
+        try:
+            answer = self._call(
+                "get_object", Bucket=self.bucket, Key=self._key(sha256), Range=byte_range
+            )
+        except StoreError as exc:
+            if _error_code(exc.__cause__) != "InvalidRange":
+                raise
+            return iter(())
         body = answer["Body"]
         return iter(lambda: body.read(CHUNK), b"")
 

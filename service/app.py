@@ -1,6 +1,7 @@
 """The FastAPI application: `create_app()` builds it, `lifespan` owns its resources.
 
-Run it with `torchport serve`, or `uvicorn --factory service.app:create_app` in production.
+Run it with `torchport serve`, or `uvicorn --factory service.app:create_app --no-proxy-headers`
+in production (the app reads `X-Forwarded-For` itself, from `TORCHPORT_TRUSTED_PROXIES` only).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from persistence import worker_processes
 from persistence.database import make_engine, make_session_factory, migrate
@@ -121,6 +123,23 @@ def collect_once(state: AppState) -> Collection:
     return result
 
 
+def refresh_metrics(state: AppState) -> None:
+    """Read the database-backed metrics into the snapshot `/metrics` serves
+    (`service.metrics.Metrics.refresh`)."""
+    folded = state.metrics.refresh()
+    if folded:
+        logger.info("metrics: %d totals with labels outside their fixed sets folded", folded)
+
+
+async def _metrics_refresher(state: AppState) -> None:
+    while True:
+        await asyncio.sleep(state.settings.metrics_refresh_interval_s)
+        try:
+            await run_in_threadpool(refresh_metrics, state)
+        except Exception:
+            logger.exception("refreshing the metrics failed; serving the last snapshot")
+
+
 async def _collector(state: AppState) -> None:
     while True:  # at start too: `torchport serve` may never run an hour
         try:
@@ -143,7 +162,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         logger.warning("no API keys configured: the API is open to anyone who can reach it")
     await state.hub.start()  # subscribed before the first stream loads its job
-    tasks = [asyncio.create_task(_reaper(state)), asyncio.create_task(_collector(state))]
+    try:  # the first scrape already has the database's values
+        await run_in_threadpool(refresh_metrics, state)
+    except Exception:
+        logger.exception("reading the metrics failed; trying again later")
+    tasks = [
+        asyncio.create_task(_reaper(state)),
+        asyncio.create_task(_collector(state)),
+        asyncio.create_task(_metrics_refresher(state)),
+    ]
     try:
         yield
     finally:
@@ -182,8 +209,8 @@ class MetricsMiddleware:
                 route = scope.get("route")
                 path = getattr(route, "path", "unmatched")
                 method = scope.get("method", "")
-                state.metrics.requests.labels(path, method, str(status["code"])).inc()
-                state.metrics.latency.labels(path, method).observe(time.perf_counter() - started)
+                elapsed = time.perf_counter() - started
+                state.metrics.observe_request(path, method, status["code"], elapsed)
 
 
 _FORWARDED = (b"forwarded", b"x-forwarded-for", b"x-real-ip")
@@ -250,4 +277,10 @@ def create_app(settings: ServiceSettings | None = None, state: AppState | None =
     web.mount(app)  # the browser pages at / and /web/ (after the API routes)
     app.add_middleware(LoopbackOnlyWithoutKeys, fastapi_app=app)
     app.add_middleware(MetricsMiddleware, fastapi_app=app)
+    proxies = app.state.settings.trusted_proxies
+    if proxies:
+        # Outermost, so the loopback check and the limits see the client the proxies name.
+        # The server runs without its own proxy handling (`--no-proxy-headers`): uvicorn's
+        # default would trust X-Forwarded-For from any loopback peer.
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=[str(net) for net in proxies])
     return app

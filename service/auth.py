@@ -9,6 +9,7 @@ import ipaddress
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -148,6 +149,17 @@ class Authenticator:
             if key is None or not hmac.compare_digest(key.key_hash, digest):
                 return None
             return Caller(key_id=key.id, webhook_secret=key.webhook_secret)
+
+
+FORWARDED_HEADERS = (b"forwarded", b"x-forwarded-for", b"x-real-ip")
+"""Headers a proxy adds: a request that carries one came through a proxy."""
+
+
+def from_this_machine(host: str | None, header_names: Iterable[bytes]) -> bool:
+    """Whether a request's client is this machine itself: a loopback peer (or a Unix
+    socket), and no proxy header (`FORWARDED_HEADERS`, lower-case as ASGI gives them): a
+    proxy on this machine serves someone else."""
+    return is_loopback(host) and not any(name in FORWARDED_HEADERS for name in header_names)
 
 
 def is_loopback(host: str | None) -> bool:

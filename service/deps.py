@@ -65,21 +65,23 @@ async def get_caller(
 ) -> Caller:
     """The authenticated caller, counted against its rate limit.
 
-    A client address that sent too many keys that are not valid is answered
-    `rate_limited` before its key is even looked at, so guessing keys gets nowhere.
+    The key is looked up first: a valid key is answered whatever its address's failures
+    (the address may be a NAT or a proxy that others share). Only failures are counted,
+    per client address (`request.client`: the peer, or the first hop that is not a trusted
+    proxy, `TORCHPORT_TRUSTED_PROXIES`), and an address over its burst has its failures
+    answered `rate_limited` instead of `unauthorized`.
 
     Async on purpose: lookups are cached (`service.auth.CACHE_TTL_S`), so the rare
     database query on a miss is cheaper on the loop than a thread hop on every request.
     """
-    address = request.client.host if request.client else "local"
-    guarded = authorization is not None and state.authenticator.keys_configured()
-    if guarded and (wait := state.auth_failure_limit.blocked(address)) is not None:
-        raise _too_many_failures(wait)
     try:
         caller = state.authenticator.authenticate(authorization)
     except Unauthorized:
-        if guarded and (wait := state.auth_failure_limit.hit(address)) is not None:
-            raise _too_many_failures(wait) from None
+        # A request without the header guesses nothing: 401, not counted.
+        if authorization is not None:
+            address = request.client.host if request.client else "local"
+            if (wait := state.auth_failure_limit.hit(address)) is not None:
+                raise _too_many_failures(wait) from None
         raise
     if caller.key_id is not None:
         # Without keys the app answers loopback callers only (service.app), and the one

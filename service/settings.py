@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 from functools import cached_property
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, IPvAnyNetwork, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
 from persistence.settings import CommonSettings
 from schemas.limits import CALLBACK_URL_MAX_LENGTH, MAX_TIMEOUT_S
+from service.archives import MAX_ZIP_DIRECTORY_BYTES
 
 
 class ServiceSettings(CommonSettings):
@@ -33,6 +36,14 @@ class ServiceSettings(CommonSettings):
         "`TORCHPORT_MAX_MODEL_BYTES`.",
     )
     max_options_bytes: int = Field(default=64 * 2**10, gt=0, description="Limit of `options`.")
+    max_zip_directory_bytes: int = Field(
+        default=MAX_ZIP_DIRECTORY_BYTES,
+        gt=0,
+        description="Limit of a model zip's central directory (its names, extra fields and "
+        "comments), told by its end record before it is read: a zip over it is refused at "
+        'upload with `zip_too_large` (`details.limit = "directory"`). The contract\'s '
+        "10,000 entries bound the directory in entries, not in bytes.",
+    )
     rate_limit_per_minute: int = Field(
         default=600,
         gt=0,
@@ -45,14 +56,25 @@ class ServiceSettings(CommonSettings):
         description="Failed authentications (an Authorization header with no valid key) one "
         "client address may make per minute on average: each one counts for "
         "`TORCHPORT_AUTH_FAILURES_BURST` / this many minutes (40 s by default); over the "
-        "burst, that address is answered `rate_limited` 429 before its key is looked at. One "
-        "count in Redis for all API replicas when Redis is the broker.",
+        "burst, that address's failures are answered `rate_limited` 429 (a valid key from it "
+        "is still answered). One count in Redis for all API replicas when Redis is the "
+        "broker. The address is the connection's peer, or behind "
+        "`TORCHPORT_TRUSTED_PROXIES` the first hop that is not one of them.",
     )
     auth_failures_burst: int = Field(
         default=20,
         gt=0,
         description="Failed authentications one client address may make at once; one more "
         "waits until the oldest of them stops counting.",
+    )
+    trusted_proxies: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
+        default=[],
+        description="Addresses or CIDR ranges of the reverse proxies in front of the API "
+        "(comma-separated, e.g. `10.20.0.0/24, 10.20.9.4`); empty by default: no proxy is "
+        "trusted. Only a connection from one of them has its `X-Forwarded-For` read, walked "
+        "from the right over the trusted hops: the first hop that is not one of them is the "
+        "client address the failed-authentication limit counts. Every host in these ranges "
+        "can name any client address, so name the proxies only.",
     )
     max_concurrent_jobs: int = Field(
         default=8, gt=0, description="Queued plus running jobs one API key may have."
@@ -120,6 +142,49 @@ class ServiceSettings(CommonSettings):
     auto_migrate: bool = Field(
         default=True, description="Run the database migrations when the API starts."
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="The bearer token `/metrics` needs (`Authorization: Bearer <token>`), 32 "
+        "or more characters; API keys do not open it, and failed tries count as failed "
+        "authentications. Unset (or empty): with API keys configured, `/metrics` answers "
+        "only clients on this machine that do not come through a proxy (others get "
+        '`forbidden`, `details.reason = "metrics_token_not_set"`); without keys, as any '
+        "route.",
+    )
+    metrics_refresh_interval_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often the API reads the database-backed metrics into the snapshot "
+        "`/metrics` is answered from (a scrape never queries the database).",
+    )
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _metrics_token_is_long_or_unset(cls, value: object) -> object:
+        if value == "":
+            return None  # compose passes an unset variable as empty
+        secret = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(secret, str) and len(secret) < 32:
+            raise ValueError("TORCHPORT_METRICS_TOKEN must be 32 or more characters")
+        return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split_proxies(cls, value: object) -> object:
+        # The environment holds one comma-separated string, not JSON.
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_not_everyone(cls, value: list[IPvAnyNetwork]) -> list[IPvAnyNetwork]:
+        if any(network.prefixlen == 0 for network in value):
+            raise ValueError(
+                "TORCHPORT_TRUSTED_PROXIES must name the proxies, not every address: "
+                "anyone could then choose the client address the API counts"
+            )
+        return value
 
     @property
     def retention(self) -> timedelta | None:

@@ -2,7 +2,8 @@
 
 A model zip is a checkpoint or code by the contract's rule (`schemas.model_zip`), read off
 its directory; each gets its own size limits (docs/contract.md §1), the same numbers the
-engine unpacks with.
+engine unpacks with. The directory itself is bounded in entries and bytes before it is
+parsed, and parsed once: where each file lies is returned, for the submission to record.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+from persistence.zip_index import ZipIndex
 from schemas import ExportOptions, model_zip
 from schemas.limits import (
     CHECKPOINT_ZIP_MAX_UNPACKED_BYTES,
@@ -43,17 +45,28 @@ def _check_suffix(form: UploadedForm, field: str, allowed: tuple[str, ...]) -> N
         )
 
 
-def validate_uploads(form: UploadedForm, options: ExportOptions, *, max_model_bytes: int) -> None:
+def validate_uploads(
+    form: UploadedForm,
+    options: ExportOptions,
+    *,
+    max_model_bytes: int,
+    max_directory_bytes: int = archives.MAX_ZIP_DIRECTORY_BYTES,
+) -> ZipIndex | None:
     """Check what can be checked without running anything: types, encoding, zip limits.
 
     A checkpoint zip (`schemas.model_zip`) was received against the larger checkpoint
-    limit; any other model is held to `max_model_bytes` here.
+    limit; any other model is held to `max_model_bytes` here. A zip's central directory
+    is held to `ZIP_MAX_ENTRIES` entries and `max_directory_bytes` before it is parsed.
 
     Blocking (reads the files): endpoints call it from a worker thread.
 
+    Returns:
+        Where each regular file of a zip model lies (`persistence.zip_index`); None for
+        a `.py` model.
+
     Raises:
-        InvalidRequest: a wrong file type, non-UTF-8 source, a broken zip or a zip without
-            the entry file.
+        InvalidRequest: a wrong file type, non-UTF-8 source, a broken zip, a zip over a
+            limit (`details.reason` `zip_too_large`) or without the entry file.
         UploadTooLarge: a model that is not a checkpoint over `max_model_bytes`
             (`details.limit` = `model`).
     """
@@ -74,8 +87,10 @@ def validate_uploads(form: UploadedForm, options: ExportOptions, *, max_model_by
                 "model source must be UTF-8",
                 details={"field": "model", "reason": "not_utf8", "offset": exc.start},
             ) from exc
-        return
-    _validate_zip(model.path, model.size, options.entry, max_model_bytes)
+        return None
+    return _validate_zip(
+        model.path, model.size, options.entry, max_model_bytes, max_directory_bytes
+    )
 
 
 def _check_calibration_scheme(form: UploadedForm, options: ExportOptions) -> None:
@@ -98,16 +113,34 @@ def _check_model_size(size: int, max_model_bytes: int) -> None:
         )
 
 
-def _validate_zip(path: Path, size: int, entry: str | None, max_model_bytes: int) -> None:
+def _validate_zip(
+    path: Path, size: int, entry: str | None, max_model_bytes: int, max_directory_bytes: int
+) -> ZipIndex:
     """The contract's zip limits (`schemas.limits`), the ones the engine unpacks with, so
     a zip taken here is never refused for its size later: a checkpoint's, or code's."""
     try:
         # Counted from the end record before zipfile parses every entry (zip bombs of
-        # entries: 312k of them fit in 16 MiB and take seconds to parse).
-        if archives.count_entries(path, ZIP_MAX_ENTRIES) > ZIP_MAX_ENTRIES:
+        # entries: 312k of them fit in 16 MiB and take seconds to parse), and the
+        # directory's bytes told by it before they are read (10,000 entries with 64 KiB
+        # names or comments: 2 GB, read whole by zipfile).
+        entries = archives.count_entries(path, ZIP_MAX_ENTRIES, max_bytes=max_directory_bytes)
+        if entries > ZIP_MAX_ENTRIES:
             raise _zip_too_large(ZIP_MAX_UNPACKED_BYTES, "model")
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
+        index = archives.locate(members, size)
+    except archives.DirectoryTooLarge as exc:
+        raise InvalidRequest(
+            "model zip's central directory is too large",
+            details={
+                "field": "model",
+                "reason": "zip_too_large",
+                "max_entries": ZIP_MAX_ENTRIES,
+                "max_directory_bytes": exc.limit,
+                "directory_bytes": exc.size,
+                "limit": "directory",
+            },
+        ) from exc
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise InvalidRequest(
             "model is not a readable zip", details={"field": "model", "reason": "bad_zip"}
@@ -143,6 +176,7 @@ def _validate_zip(path: Path, size: int, entry: str | None, max_model_bytes: int
             f"entry {entry!r} is not in the zip",
             details={"field": "options.entry", "entry": entry},
         )
+    return index
 
 
 def _zip_too_large(max_unpacked: int, limit: str) -> InvalidRequest:

@@ -37,6 +37,7 @@ TABLES = {
     "stage_events",
     "worker_environments",
     "worker_processes",
+    "zip_members",
 }
 
 

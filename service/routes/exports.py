@@ -21,7 +21,7 @@ from pydantic import Field
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from persistence import records, retention
+from persistence import records, retention, zip_index
 from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, enqueue_webhook, queue_for
 from schemas import JobList, JobPublic, JobSpec, JobStatus
@@ -110,7 +110,9 @@ def _job_response(job: JobPublic, status_code: int) -> JSONResponse:
     return JSONResponse(status_code=status_code, content=job.model_dump(mode="json"))
 
 
-def _submit_in_db(state: AppState, form: Any, spec: JobSpec, caller: Any) -> tuple[JobPublic, bool]:
+def _submit_in_db(
+    state: AppState, form: Any, spec: JobSpec, caller: Any, index: zip_index.ZipIndex | None
+) -> tuple[JobPublic, bool]:
     with state.sessions() as session, session.begin():
         submission = jobs.submit(
             session,
@@ -123,6 +125,8 @@ def _submit_in_db(state: AppState, form: Any, spec: JobSpec, caller: Any) -> tup
             fingerprint=state.fingerprint,
             lease=functools.partial(retention.lease, state.sessions),
         )
+        if index is not None:  # a zip model's: its blob is leased, so its row is there
+            zip_index.record(session, form.files["model"].sha256, index)
         job = jobs.get_job(session, submission.job.id, caller)
         public = records.to_public(job)
     return public, submission.enqueue
@@ -173,10 +177,12 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
         spec = jobs.parse_job(form)
         # Reads the files (a zip's directory): off the event loop.
         check = functools.partial(
-            upload_checks.validate_uploads, max_model_bytes=settings.max_model_bytes
+            upload_checks.validate_uploads,
+            max_model_bytes=settings.max_model_bytes,
+            max_directory_bytes=settings.max_zip_directory_bytes,
         )
-        await run_in_threadpool(check, form, spec.options)
-        public, enqueue = await run_in_threadpool(_submit_in_db, state, form, spec, caller)
+        index = await run_in_threadpool(check, form, spec.options)
+        public, enqueue = await run_in_threadpool(_submit_in_db, state, form, spec, caller, index)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     if enqueue:
@@ -465,7 +471,7 @@ def download_upload_member(
     job_id: str, member: str, session: SessionDep, state: StateDep, caller: CallerDep
 ) -> Response:
     """One regular file of the uploaded model zip, by its path inside the archive (the
-    `location.file` of an error), read from the zip without extracting anything.
+    `location.file` of an error), read where the upload's index puts it, extracting nothing.
 
     `not_found` for a path the archive does not hold or a `.py` model upload;
     `upload_too_large` for a member over 1 MiB.
@@ -477,11 +483,12 @@ def download_upload_member(
             details={"job_id": job_id, "member": member, "reason": "not_a_zip"},
         )
     name, data = archives.read_member(
+        session,
         state.store,
         upload.sha256,
         member,
-        tmp_root=state.settings.data_dir / "tmp",
         job_id=job_id,
+        max_directory_bytes=state.settings.max_zip_directory_bytes,
     )
     digest = hashlib.sha256(data).hexdigest()
     return Response(

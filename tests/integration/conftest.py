@@ -157,6 +157,7 @@ def stack_env(tmp_path: Path, database_url: str, broker_url: str, prefix: str) -
         "TORCHPORT_HEARTBEAT_TIMEOUT_S": "2",
         "TORCHPORT_REAPER_INTERVAL_S": "0.5",
         "TORCHPORT_REQUEUE_AFTER_S": "3",
+        "TORCHPORT_METRICS_REFRESH_INTERVAL_S": "0.2",
     }
 
 

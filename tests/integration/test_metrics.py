@@ -44,6 +44,18 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def scrape_showing(stack: Stack, name: str, expected: float, **labels: str) -> Samples:
+    """The first scrape whose snapshot (refreshed every 0.2 s here) shows `name` at
+    `expected`: the change it waits for was the last, so the rest shows too."""
+
+    def shown() -> Samples | None:
+        samples = scrape(stack)
+        return samples if value(samples, name, **labels) == expected else None
+
+    found: Samples = wait_until(shown, 10)
+    return found
+
+
 def test_metrics_after_real_jobs(stack: Stack, tmp_path: Path) -> None:
     idle = wait_until(
         lambda: value(scrape(stack), "torchport_workers", queue="cpu", state="idle") == 1, 120
@@ -59,7 +71,7 @@ def test_metrics_after_real_jobs(stack: Stack, tmp_path: Path) -> None:
     assert failed["error"]["code"] == "model_not_found"
     assert stack.submit(model, targets=["onnx"])["cache_hit"] is True
 
-    samples = scrape(stack)
+    samples = scrape_showing(stack, "torchport_cache_hits_total", 1)
     duration = "torchport_job_duration_seconds"
     assert value(samples, f"{duration}_count", outcome="succeeded", code="") == 1
     assert value(samples, f"{duration}_count", outcome="failed", code="model_not_found") == 1
@@ -86,6 +98,7 @@ def test_metrics_after_real_jobs(stack: Stack, tmp_path: Path) -> None:
         lambda: (
             (s := scrape(stack))
             and value(s, "torchport_workers", queue="cpu", state="busy") == 1
+            and value(s, "torchport_queue_depth", queue="cpu") == 1  # a snapshot after the submit
             and s
         ),
         10,
@@ -96,6 +109,6 @@ def test_metrics_after_real_jobs(stack: Stack, tmp_path: Path) -> None:
     for job_id in (waiting["id"], slow):
         assert stack.http.delete(f"/v1/exports/{job_id}").status_code in (200, 202)
     assert stack.wait_done(slow)["status"] == "canceled"
-    samples = scrape(stack)
+    samples = scrape_showing(stack, f"{duration}_count", 2, outcome="canceled", code="canceled")
     assert value(samples, f"{duration}_count", outcome="canceled", code="canceled") == 2
     assert value(samples, "torchport_queue_depth", queue="cpu") == 0

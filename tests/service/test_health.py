@@ -35,6 +35,7 @@ def test_readyz_names_the_broker_that_is_down(
 
 def test_metrics_count_requests_and_jobs(client: TestClient) -> None:
     client.post("/v1/exports", files={"model": model_file()})
+    client.app.state.torchport.metrics.refresh()  # type: ignore[attr-defined]
     text = client.get("/metrics").text
     assert 'torchport_jobs{status="queued"} 1.0' in text
     assert 'torchport_submissions_total{outcome="queued"} 1.0' in text

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from persistence.store import LocalStore
 from schemas.errors import ErrorBody
 from service.app import create_app
-from service.archives import count_entries, read_member
+from service.archives import MAX_ZIP_DIRECTORY_BYTES, count_entries, index_stored
 from service.deps import AppState
 from service.errors import InvalidRequest
 from tests.service.test_exports import complete, submit
@@ -243,13 +243,19 @@ def test_entries_are_counted_without_zipfile(tmp_path: Path) -> None:
     assert count_entries(normal, 10_000) == 5
 
 
-def test_a_stored_directory_bomb_is_not_parsed_for_a_member(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "directory_bound", [MAX_ZIP_DIRECTORY_BYTES, 2**40], ids=["bytes", "entries"]
+)
+def test_a_stored_directory_bomb_is_not_parsed_for_a_member(
+    tmp_path: Path, directory_bound: int
+) -> None:
+    # A zip stored before uploads were indexed is indexed at its first member read.
     store = LocalStore(tmp_path / "store")
     bomb = tmp_path / "bomb.zip"
     bomb.write_bytes(directory_bomb(312_000, 1))
     sha256, _ = store.put_file(bomb)
     started = time.perf_counter()
     with pytest.raises(InvalidRequest) as caught:
-        read_member(store, sha256, "a", tmp_root=tmp_path / "tmp", job_id="j")
+        index_stored(store, sha256, max_directory_bytes=directory_bound, job_id="j", member="a")
     assert caught.value.details["reason"] == "zip_too_large"
     assert time.perf_counter() - started < 0.5

@@ -24,7 +24,9 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(client: TestClient) -> Samples:
-    """Every sample of `/metrics` by name and labels."""
+    """Every sample of `/metrics` by name and labels, the snapshot refreshed first (the
+    app refreshes it every `TORCHPORT_METRICS_REFRESH_INTERVAL_S`)."""
+    client.app.state.torchport.metrics.refresh()  # type: ignore[attr-defined]
     text = client.get("/metrics").text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from persistence.store import LocalStore
 from schemas import JobPublic
-from service.archives import MAX_MEMBER_BYTES, read_member
+from service.archives import MAX_MEMBER_BYTES, MAX_ZIP_DIRECTORY_BYTES, index_stored, read_at
 from service.errors import InvalidRequest
 from tests.service.conftest import model_file
 
@@ -145,8 +145,10 @@ def test_a_member_header_that_understates_the_size_is_caught(tmp_path: Path) -> 
     path.write_bytes(bytes(data))
     store = LocalStore(tmp_path / "store")
     sha, _ = store.put_file(path)
+    where = {"job_id": "j", "member": "pkg/net.py"}
+    index = index_stored(store, sha, max_directory_bytes=MAX_ZIP_DIRECTORY_BYTES, **where)
     with pytest.raises(InvalidRequest) as raised:
-        read_member(store, sha, "pkg/net.py", tmp_root=tmp_path / "tmp", job_id="j")
+        read_at(store, sha, index["pkg/net.py"], "pkg/net.py", **where)
     # zipfile stops at the declared size, then finds the CRC wrong: never more bytes.
     assert raised.value.code == "invalid_request"
     assert raised.value.details["reason"] == "bad_zip"

@@ -82,7 +82,16 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        # The app reads X-Forwarded-For from TORCHPORT_TRUSTED_PROXIES only; uvicorn's own
+        # handling would trust it from every loopback peer.
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            proxy_headers=False,
+        )
     finally:
         group.stop()
         webhooks.stop()
