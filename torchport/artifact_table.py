@@ -21,6 +21,7 @@ from rich.table import Table
 
 from schemas import ArtifactProfile, ReportDocument, VerificationReport
 from torchport.job_view import human_size
+from torchport.terminal import markup
 
 __all__ = ["ArtifactRow", "artifact_rows", "order_text", "render_artifact_table"]
 
@@ -114,17 +115,18 @@ def render_artifact_table(report: ReportDocument, console: Console) -> None:
         ]
         if quantized:
             cells.append(row.accuracy or "-")
-        table.add_row(*cells)
+        table.add_row(*map(markup, cells))  # a job's writing, shown as text
     console.print(table)
     isa = ", ".join(machine.isa) or "no vector ISA reported"
     console.print(
-        f"  measured on {machine.cpu or machine.architecture} ({isa}), {threads} threads; "
-        f"up to {report.profile.runs} runs after {report.profile.warmup} warm-up; sorted "
-        + order_text(threads, quantized)
+        f"  measured on {markup(f'{machine.cpu or machine.architecture} ({isa})')}, "
+        f"{threads} threads; up to {report.profile.runs} runs after "
+        f"{report.profile.warmup} warm-up; sorted " + order_text(threads, quantized)
     )
     for row in rows:
         if row.profile.error is not None:
-            console.print(f"  {row.profile.name}: {row.profile.status}: {row.profile.error}")
+            said = f"{row.profile.name}: {row.profile.status}: {row.profile.error}"
+            console.print(f"  {markup(said)}")
 
 
 def _verdict_words(row: ArtifactRow) -> str:

@@ -13,18 +13,33 @@ A PEFT adapter goes with it as a sub-folder holding its `adapter_config.json` an
 disk). An adapter directory given as the model is zipped with its base when its
 `base_model_name_or_path` is a local `save_pretrained` directory; alone otherwise, which
 the engine refuses (`adapter_without_base`): nothing is downloaded.
+
+What leaves the machine (`torchport submit`: a `Sending`) is only regular files inside
+the directory the user named. A symbolic link among the files or adapter folders it would
+send is refused (even one to a file beside it) unless `Sending.follow_links` names the
+links (`--follow-links`); a device, pipe or socket is always refused; an adapter's base is
+sent only when it lies inside the adapter directory, else the user names it (`torchport
+submit BASE --adapter ADAPTER`). Each refusal is a `RefusedFile`, before anything is sent.
+A local export (no `Sending`) sends nothing anywhere: it reads what links point to and
+skips anything that is no regular file.
 """
 
 from __future__ import annotations
 
 import json
+import stat
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from schemas.model_zip import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG
+from torchport.job_view import human_size
 
 __all__ = [
+    "RefusedFile",
+    "Sending",
     "UnusableAdapter",
     "adapter_files",
     "checkpoint_files",
@@ -40,9 +55,59 @@ class UnusableAdapter(ValueError):
     """`--adapter` names no adapter directory, or goes with a model that is no directory."""
 
 
-def checkpoint_files(directory: Path) -> list[Path]:
-    """The files of `directory` a checkpoint upload sends, sorted by name."""
-    files = [directory / name for name in _ALWAYS if (directory / name).is_file()]
+class RefusedFile(ValueError):
+    """Something an upload would send that must not leave the machine; `details` says
+    what: `reason` (`symlink`, `special_file`, or `outside_directory` for an adapter's
+    base), `path`, and for a base, `base`."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = {key: str(value) for key, value in details.items()}
+
+
+@dataclass(frozen=True)
+class Sending:
+    """The files go to a server: only regular files inside the directory."""
+
+    follow_links: bool = False
+    """Send what the links among the files point to (`--follow-links`) instead of refusing
+    them; what they point to must still be a regular file."""
+
+
+def _exists(path: Path) -> bool:
+    return path.is_symlink() or path.exists()
+
+
+def _taken(path: Path, sending: Sending | None) -> bool:
+    """Whether `path`, one of the files an upload would send, goes with it: a regular file
+    (a folder of that name is skipped). A local export follows links and skips anything
+    else; an upload refuses a link (unless `follow_links`) and a device, pipe or socket.
+
+    Raises:
+        RefusedFile: while sending, `path` is a link or no regular file.
+    """
+    if sending is None:
+        return path.is_file()
+    if path.is_symlink() and not sending.follow_links:
+        raise RefusedFile(f"{path} is a symbolic link", reason="symlink", path=path)
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # a dangling link, or gone since it was listed
+        return False
+    if stat.S_ISDIR(mode):
+        return False
+    if not stat.S_ISREG(mode):
+        raise RefusedFile(f"{path} is no regular file", reason="special_file", path=path)
+    return True
+
+
+def checkpoint_files(directory: Path, sending: Sending | None = None) -> list[Path]:
+    """The files of `directory` a checkpoint upload sends, sorted by name.
+
+    Raises:
+        RefusedFile: while `sending`, one of them is a link or no regular file.
+    """
+    files = [directory / name for name in _ALWAYS if _exists(directory / name)]
     safetensors = sorted(directory.glob("*.safetensors"))
     if safetensors:
         files += safetensors + sorted(directory.glob("model.safetensors.index.json"))
@@ -51,12 +116,17 @@ def checkpoint_files(directory: Path) -> list[Path]:
         files += sorted(directory.glob("pytorch_model.bin.index.json"))
     if _has_auto_map(directory / "config.json"):
         files += sorted(directory.glob("*.py"))
-    return sorted((f for f in files if f.is_file()), key=lambda f: f.name)
+    return sorted((f for f in files if _taken(f, sending)), key=lambda f: f.name)
 
 
-def adapter_files(directory: Path) -> list[Path]:
-    """The files of a PEFT adapter directory an upload sends (safetensors weights only)."""
-    return [directory / n for n in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if (directory / n).is_file()]
+def adapter_files(directory: Path, sending: Sending | None = None) -> list[Path]:
+    """The files of a PEFT adapter directory an upload sends (safetensors weights only).
+
+    Raises:
+        RefusedFile: while `sending`, one of them is a link or no regular file.
+    """
+    named = [directory / name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)]
+    return [path for path in named if _exists(path) and _taken(path, sending)]
 
 
 def _read_json(path: Path) -> dict[str, object]:
@@ -71,8 +141,17 @@ def _has_auto_map(config: Path) -> bool:
     return bool(_read_json(config).get("auto_map"))
 
 
-def _adapter_folders(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.is_dir() and (p / ADAPTER_CONFIG).is_file())
+def _adapter_folders(directory: Path, sending: Sending | None) -> list[Path]:
+    """The sub-folders of `directory` that hold an adapter_config.json.
+
+    Raises:
+        RefusedFile: while `sending` (without `follow_links`), one of them is a link.
+    """
+    folders = [p for p in directory.iterdir() if p.is_dir() and (p / ADAPTER_CONFIG).is_file()]
+    for folder in folders:
+        if sending is not None and not sending.follow_links and folder.is_symlink():
+            raise RefusedFile(f"{folder} is a symbolic link", reason="symlink", path=folder)
+    return sorted(folders)
 
 
 def _folder_name(directory: Path, adapter: Path) -> str:
@@ -83,52 +162,93 @@ def _folder_name(directory: Path, adapter: Path) -> str:
     return inside.name or "adapter"
 
 
-def local_base(adapter: Path) -> Path | None:
+def local_base(adapter: Path, sending: Sending | None = None) -> Path | None:
     """The base checkpoint of an adapter directory when its `base_model_name_or_path` is
-    a `save_pretrained` directory on this machine."""
+    a `save_pretrained` directory on this machine.
+
+    Raises:
+        RefusedFile: while `sending`, that directory lies outside the adapter directory
+            (the user names it instead: `torchport submit BASE --adapter ADAPTER`).
+    """
     named = _read_json(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
     if not isinstance(named, str) or not named:
         return None
     for base in (Path(named).expanduser(), adapter / named):
-        if (base / CONFIG).is_file():
-            return base
+        if not (base / CONFIG).is_file():
+            continue
+        if sending is not None and not base.resolve().is_relative_to(adapter.resolve()):
+            raise RefusedFile(
+                f"the base of adapter {adapter} is {base}, outside it",
+                reason="outside_directory",
+                path=adapter,
+                base=base,
+            )
+        return base
     return None
 
 
 def zip_checkpoint(
-    directory: Path, dest_dir: Path, adapter: Path | None = None, *, name: str | None = None
-) -> tuple[Path, list[str]]:
+    directory: Path,
+    dest_dir: Path,
+    adapter: Path | None = None,
+    *,
+    name: str | None = None,
+    sending: Sending | None = None,
+) -> tuple[Path, list[tuple[str, int]]]:
     """Zip the checkpoint files of `directory` into `dest_dir/<name>.zip` (the directory's
     name by default), with its adapter sub-folders, or only `adapter`'s files.
 
     Returns:
-        The zip's path and the names of the files in it (config.json missing from them
-        leaves the refusal to the engine or the server, which say why).
+        The zip's path and the names and sizes of the files in it (config.json missing
+        from them leaves the refusal to the engine or the server, which say why).
+
+    Raises:
+        RefusedFile: while `sending`, a file or folder it would send may not go.
     """
-    members = [(path, path.name) for path in checkpoint_files(directory)]
-    for folder in [adapter] if adapter is not None else _adapter_folders(directory):
+    members = [(path, path.name) for path in checkpoint_files(directory, sending)]
+    folders = [adapter] if adapter is not None else _adapter_folders(directory, sending)
+    for folder in folders:
         prefix = _folder_name(directory, folder)
-        members += [(path, f"{prefix}/{path.name}") for path in adapter_files(folder)]
+        members += [(path, f"{prefix}/{path.name}") for path in adapter_files(folder, sending)]
     return _write_zip(dest_dir / f"{name or directory.resolve().name or 'checkpoint'}.zip", members)
 
 
-def _write_zip(archive: Path, members: list[tuple[Path, str]]) -> tuple[Path, list[str]]:
+def _write_zip(
+    archive: Path, members: list[tuple[Path, str]]
+) -> tuple[Path, list[tuple[str, int]]]:
     # Weights are compressed poorly and read whole by the engine: store them.
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
         for path, member in members:
             zf.write(path, member)
-    return archive, [member for _, member in members]
+        sizes = [(info.filename, info.file_size) for info in zf.infolist()]
+    return archive, sizes
+
+
+def _tell(say: Callable[[str], None], what: str, files: list[tuple[str, int]]) -> None:
+    """Say what is zipped: a line, then each file with its size, a line each."""
+    total = human_size(sum(size for _, size in files))
+    lines = [f"{what}: sending {len(files)} file{'' if len(files) == 1 else 's'}, {total}"]
+    lines += [f"  {member}  {human_size(size)}" for member, size in files]
+    say("\n".join(lines))
 
 
 def upload_path(
-    model: Path, zips: Path, say: Callable[[str], None], adapter: Path | None = None
+    model: Path,
+    zips: Path,
+    say: Callable[[str], None],
+    adapter: Path | None = None,
+    *,
+    sending: Sending | None = None,
 ) -> Path:
     """`model` itself, or for a directory (a `save_pretrained` checkpoint, or a PEFT
     adapter) a zip of the files the engine reads, made under `zips`, with `adapter` (a
-    PEFT adapter directory) in it; `say` is told what was zipped.
+    PEFT adapter directory) in it; `say` is told what was zipped, over several lines (each
+    file with its size). `sending`: the zip goes to a server (only regular files inside
+    the directory, module docstring).
 
     Raises:
         UnusableAdapter: `adapter` holds no adapter_config.json, or `model` is a file.
+        RefusedFile: while `sending`, a file or folder it would send may not go.
     """
     if adapter is not None:
         if not (adapter / ADAPTER_CONFIG).is_file():
@@ -138,17 +258,19 @@ def upload_path(
     if not model.is_dir():
         return model
     if adapter is None and not (model / CONFIG).is_file() and (model / ADAPTER_CONFIG).is_file():
-        base = local_base(model)
+        base = local_base(model, sending)
         if base is None:  # sent alone: the engine says what is missing
-            archive, names = _write_zip(
+            archive, files = _write_zip(
                 zips / f"{model.resolve().name or 'adapter'}.zip",
-                [(path, path.name) for path in adapter_files(model)],
+                [(path, path.name) for path in adapter_files(model, sending)],
             )
-            say(f"adapter {model} without its base: sending {', '.join(names)}")
+            _tell(say, f"adapter {model} without its base", files)
             return archive
-        archive, names = zip_checkpoint(base, zips, model, name=model.resolve().name)
-        say(f"adapter {model} with its base {base}: sending {', '.join(names)}")
+        archive, files = zip_checkpoint(
+            base, zips, model, name=model.resolve().name, sending=sending
+        )
+        _tell(say, f"adapter {model} with its base {base}", files)
         return archive
-    archive, names = zip_checkpoint(model, zips, adapter)
-    say(f"checkpoint {model}: sending {', '.join(names) or 'nothing'}")
+    archive, files = zip_checkpoint(model, zips, adapter, sending=sending)
+    _tell(say, f"checkpoint {model}", files)
     return archive

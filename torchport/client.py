@@ -23,13 +23,15 @@ import os
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from httpx_sse import connect_sse
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import EnvironmentList, ErrorBody, JobList, JobPublic, JobSummary, StageEvent
@@ -38,7 +40,22 @@ from schemas.job import TERMINAL_STATUSES
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ZIP_MANIFEST = "manifest.json"
 """The member of `…/artifacts.zip` that lists the artifacts with their sizes and digests."""
+MAX_MANIFEST_BYTES = 1024 * 1024
+"""The most of an archive's manifest read (a server's job has a few dozen artifacts)."""
+MAX_NAME_BYTES = 255
+"""The longest artifact name saved: a file name on every common file system."""
 _CHUNK = 1024 * 1024
+_Document = TypeVar("_Document", bound=BaseModel)
+_UNREADABLE_ZIP = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    NotImplementedError,  # a compression zipfile lacks
+    RuntimeError,  # an encrypted member
+    EOFError,
+    zlib.error,
+    ValueError,
+)
+"""What zipfile raises for an archive it cannot read."""
 
 
 class ClientSettings(BaseSettings):
@@ -62,6 +79,37 @@ class TorchportError(Exception):
         self.message = message
         self.status_code = status_code
         self.body = body
+
+
+def _path(*segments: str) -> str:
+    """An API path of these segments, each percent-encoded: a job id or an artifact name
+    (typed by the user, or sent by the server) stays one segment of the URL."""
+    return "/v1/exports/" + "/".join(
+        quote(segment, safe="", errors="backslashreplace") for segment in segments
+    )
+
+
+def plain_file_name(name: str) -> bool:
+    """Whether `name` can be saved as it is, as a file directly in a download's directory:
+    not empty, no folder (`/`, `\\`), not hidden nor `.`/`..`, no control or invisible
+    character (NUL among them), at most `MAX_NAME_BYTES` long."""
+    return (
+        0 < len(name.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
+        and name.isprintable()
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+    )
+
+
+def _parsed(model: type[_Document], text: str | bytes) -> _Document:
+    """A document of the server's as `model`; an answer that is no such JSON document
+    raises `internal_error` (never a traceback)."""
+    try:
+        return model.model_validate(json.loads(text))
+    except ValueError as exc:  # not JSON (JSONDecodeError), or not the document
+        kind = "no JSON" if isinstance(exc, json.JSONDecodeError) else "not as the contract says"
+        raise TorchportError("internal_error", f"the server's {model.__name__} is {kind}") from None
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -114,18 +162,18 @@ class Job:
         """Stage events as they happen, then the final job (server-sent events, parsed by
         httpx-sse)."""
         with connect_sse(
-            self._client._http, "GET", f"/v1/exports/{self.id}/events", timeout=None
+            self._client._http, "GET", _path(self.id, "events"), timeout=None
         ) as source:
             if not source.response.is_success:
                 source.response.read()
                 _raise_for(source.response)
             for sse in source.iter_sse():
                 if sse.event == "job":
-                    self.data = JobPublic.model_validate_json(sse.data)
+                    self.data = _parsed(JobPublic, sse.data)
                     yield self.data
                     return
                 if sse.event == "stage":
-                    yield StageEvent.model_validate_json(sse.data)
+                    yield _parsed(StageEvent, sse.data)
 
     def wait(
         self,
@@ -165,16 +213,25 @@ class Job:
         All of them come as one zip (`GET …/artifacts.zip`), unpacked here, each checked
         against the size and SHA-256 its manifest gives; `names` fetches only those, one
         by one (a name the job does not have is the server's `not_found`).
+
+        Raises:
+            TorchportError: `internal_error` for an archive that cannot be read, has no
+                manifest, lists a name that is no plain file name (`plain_file_name`) or a
+                file it lacks, or whose files differ from what it lists (nothing is saved
+                then); `invalid_request` for a name of `names` that is no plain file name.
         """
         target = Path(directory)
+        for name in names or []:
+            if not plain_file_name(name):
+                raise TorchportError("invalid_request", f"not an artifact name: {name!r}")
         target.mkdir(parents=True, exist_ok=True)
         if names is None:
             with tempfile.TemporaryDirectory(dir=target, prefix=".torchport-") as tmp:
                 return _unpack(self.download_zip(Path(tmp) / "artifacts.zip"), target)
         saved = []
         for name in names:
-            path = target / Path(name).name
-            self._client._save(f"/v1/exports/{self.id}/artifacts/{name}", path)
+            path = target / name
+            self._client._save(_path(self.id, "artifacts", name), path)
             saved.append(path)
         return saved
 
@@ -184,46 +241,102 @@ class Job:
         target = Path(path)
         if target.is_dir():
             target = target / f"{self.id}.zip"
-        self._client._save(f"/v1/exports/{self.id}/artifacts.zip", target)
+        self._client._save(_path(self.id, "artifacts.zip"), target)
         return target
 
     def cancel(self) -> Job:
         """Cancel the job (a running one is stopped by its worker shortly after: its
         status stays `running` until then)."""
-        response = self._client._send("DELETE", f"/v1/exports/{self.id}")
-        self.data = JobPublic.model_validate(response.json())
+        response = self._client._send("DELETE", _path(self.id))
+        self.data = _parsed(JobPublic, response.content)
         return self
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.status}>"
 
 
+class _Listed(BaseModel):
+    """One artifact of an archive's manifest."""
+
+    name: str
+    size: int = Field(ge=0)
+    sha256: str
+
+
+class _Manifest(BaseModel):
+    """An archive's `manifest.json` (its `job_id` is not needed here)."""
+
+    artifacts: list[_Listed]
+
+
+def _refused_archive(why: str) -> TorchportError:
+    return TorchportError("internal_error", f"the server's artifacts.zip {why}")
+
+
 def _unpack(archive: Path, target: Path) -> list[Path]:
     """Write the artifacts of a job's zip into `target`, each checked against the size and
-    SHA-256 of the zip's manifest; only the manifest's names, as plain file names."""
+    SHA-256 of the zip's manifest; only the manifest's names, each a plain file name.
+
+    Every file is written beside the archive first and moved into `target` once all of
+    them arrived as listed, so a refused archive saves nothing.
+
+    Raises:
+        TorchportError: `internal_error`, for an archive that is refused.
+    """
+    staged = archive.parent / "unpacked"
+    staged.mkdir()
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            listed = _manifest(zf)
+            for artifact in listed:
+                _extract(zf, artifact, staged / artifact.name)
+    except _UNREADABLE_ZIP as exc:
+        raise _refused_archive(f"cannot be read: {exc}") from None
     saved = []
-    with zipfile.ZipFile(archive) as zf:
-        listed = json.loads(zf.read(ZIP_MANIFEST))["artifacts"]
-        for artifact in listed:
-            name = str(artifact["name"])
-            if Path(name).name != name or name.startswith("."):
-                raise TorchportError("internal_error", f"the archive names a path: {name!r}")
-            path = target / name
-            digest, size = hashlib.sha256(), 0
-            with zf.open(name) as member, path.open("wb") as out:
-                while chunk := member.read(_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
-            if (size, digest.hexdigest()) != (artifact["size"], artifact["sha256"]):
-                path.unlink()
-                raise TorchportError(
-                    "internal_error",
-                    f"{name} arrived with {size} bytes of SHA-256 {digest.hexdigest()}, "
-                    f"not the {artifact['size']} bytes of {artifact['sha256']} the job lists",
-                )
-            saved.append(path)
+    for artifact in listed:
+        path = target / artifact.name
+        # a rename: a link already at `path` is replaced, never followed
+        os.replace(staged / artifact.name, path)
+        saved.append(path)
     return saved
+
+
+def _manifest(zf: zipfile.ZipFile) -> list[_Listed]:
+    """The manifest's artifacts, read to at most `MAX_MANIFEST_BYTES`, each a plain file
+    name the archive holds, none twice."""
+    if ZIP_MANIFEST not in zf.NameToInfo:
+        raise _refused_archive(f"has no {ZIP_MANIFEST}")
+    with zf.open(ZIP_MANIFEST) as member:
+        text = member.read(MAX_MANIFEST_BYTES + 1)
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise _refused_archive(f"has a {ZIP_MANIFEST} over {MAX_MANIFEST_BYTES} bytes")
+    try:
+        listed = _Manifest.model_validate_json(text).artifacts
+    except ValidationError:
+        raise _refused_archive(f"has a {ZIP_MANIFEST} that is no manifest") from None
+    seen: set[str] = set()
+    for artifact in listed:
+        if not plain_file_name(artifact.name) or artifact.name in seen:
+            raise _refused_archive(f"names an artifact {artifact.name!r}: no plain file name")
+        if artifact.name not in zf.NameToInfo:
+            raise _refused_archive(f"lists {artifact.name!r} but does not hold it")
+        seen.add(artifact.name)
+    return listed
+
+
+def _extract(zf: zipfile.ZipFile, artifact: _Listed, path: Path) -> None:
+    """Write one listed member to `path`, reading at most one chunk past its listed size."""
+    digest, size = hashlib.sha256(), 0
+    with zf.open(artifact.name) as member, path.open("wb") as out:
+        while size <= artifact.size and (chunk := member.read(_CHUNK)):
+            digest.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    if (size, digest.hexdigest()) != (artifact.size, artifact.sha256):
+        raise _refused_archive(
+            f"holds {artifact.name!r} with {size} bytes of SHA-256 {digest.hexdigest()}, "
+            f"not the {artifact.size} bytes of {artifact.sha256!r} it lists"
+        )
 
 
 def _as_json(value: dict[str, Any] | str | os.PathLike[str] | None) -> str | None:
@@ -317,15 +430,15 @@ class Client:
             if callback_url is not None:
                 data["callback_url"] = callback_url
             response = self._send("POST", "/v1/exports", files=files, data=data)
-        return Job(self, JobPublic.model_validate(response.json()))
+        return Job(self, _parsed(JobPublic, response.content))
 
     def _get_job(self, job_id: str) -> JobPublic:
-        response = self._send("GET", f"/v1/exports/{job_id}")
-        return JobPublic.model_validate(response.json())
+        response = self._send("GET", _path(job_id))
+        return _parsed(JobPublic, response.content)
 
     def environment(self) -> EnvironmentList:
         """Per queue, the libraries its workers' jobs can import (`GET /v1/environment`)."""
-        return EnvironmentList.model_validate(self._send("GET", "/v1/environment").json())
+        return _parsed(EnvironmentList, self._send("GET", "/v1/environment").content)
 
     def job(self, job_id: str) -> Job:
         """An existing job by id."""
@@ -339,8 +452,8 @@ class Client:
         """Cancel a job by id (`DELETE /v1/exports/{id}`): a queued one is canceled at once,
         a running one stays `running` until its worker stopped it; a finished one raises
         `conflict`."""
-        response = self._send("DELETE", f"/v1/exports/{job_id}")
-        return Job(self, JobPublic.model_validate(response.json()))
+        response = self._send("DELETE", _path(job_id))
+        return Job(self, _parsed(JobPublic, response.content))
 
     def list(
         self, status: str | None = None, limit: int | None = None, cursor: str | None = None
@@ -351,7 +464,7 @@ class Client:
         for name, value in (("status", status), ("limit", limit), ("cursor", cursor)):
             if value is not None:
                 params[name] = value
-        return JobList.model_validate(self._send("GET", "/v1/exports", params=params).json())
+        return _parsed(JobList, self._send("GET", "/v1/exports", params=params).content)
 
     def jobs(self, status: str | None = None, page_size: int = 50) -> Iterator[JobSummary]:
         """Summaries of your jobs, newest first, following the pagination cursor;
@@ -376,4 +489,4 @@ def submit(
     return Client(server, api_key).submit(model, **kwargs)
 
 
-__all__ = ["Client", "Job", "TorchportError", "submit"]
+__all__ = ["Client", "Job", "TorchportError", "plain_file_name", "submit"]

@@ -1,15 +1,17 @@
 """Jobs of a server in the terminal: one job (`torchport status`), a page of them
-(`torchport list`), and an error as `torchport export` prints it."""
+(`torchport list`), and an error as `torchport export` prints it. Every text of a job is
+shown through `torchport.terminal.markup`: its control characters and rich markup are
+printed as text, never run."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from schemas import ErrorBody, JobPublic, JobSummary
+from torchport.terminal import markup
 
 _COLOURS = {"succeeded": "green", "failed": "red", "canceled": "yellow"}
 
@@ -17,7 +19,7 @@ _COLOURS = {"succeeded": "green", "failed": "red", "canceled": "yellow"}
 def status_text(status: str) -> str:
     """A job status, coloured as the summary colours it."""
     colour = _COLOURS.get(status)
-    return f"[{colour}]{status}[/]" if colour else status
+    return f"[{colour}]{status}[/]" if colour else markup(status)
 
 
 def _when(moment: datetime | None) -> str:
@@ -41,15 +43,16 @@ def human_size(size: int) -> str:
 def render_error(error: ErrorBody, console: Console) -> None:
     """The error as `torchport export` prints it: code, stage and message, the line of the
     upload that caused it (`at file:line`), and the hint."""
-    stage = f" ({error.stage})" if error.stage else ""
-    console.print(f"[bold red]error[/] \\[{error.code}]{stage} {escape(error.message)}")
+    stage = f" ({markup(error.stage)})" if error.stage else ""
+    message = markup(error.message, multiline=True)
+    console.print(f"[bold red]error[/] \\[{markup(error.code)}]{stage} {message}")
     if error.location is not None:
-        code = escape(error.location.code or "")
-        console.print(f"  at {escape(error.location.file)}:{error.location.line}: {code}")
+        code = markup(error.location.code or "")
+        console.print(f"  at {markup(error.location.file)}:{error.location.line}: {code}")
     if error.hint:
-        console.print(f"[bold]hint:[/] {escape(error.hint)}")
+        console.print(f"[bold]hint:[/] {markup(error.hint, multiline=True)}")
     if error.exportdb:
-        console.print("  related ExportDB cases: " + ", ".join(error.exportdb))
+        console.print("  related ExportDB cases: " + markup(", ".join(error.exportdb)))
 
 
 def render_job(job: JobPublic, console: Console) -> None:
@@ -69,9 +72,9 @@ def render_job(job: JobPublic, console: Console) -> None:
         if n
     )
     rows: list[tuple[str, str]] = [
-        ("job", job.id),
-        ("status", status_text(job.status) + (f" ({job.stage})" if job.stage else "")),
-        ("uploads", escape(uploads)),
+        ("job", markup(job.id)),
+        ("status", status_text(job.status) + (f" ({markup(job.stage)})" if job.stage else "")),
+        ("uploads", markup(uploads)),
         ("created", _when(job.created_at)),
         ("started", _when(job.started_at)),
         ("finished", _when(job.finished_at)),
@@ -81,9 +84,9 @@ def render_job(job: JobPublic, console: Console) -> None:
     if job.cache_hit:
         rows.append(("cache hit", "yes"))
     if job.options.targets:
-        rows.append(("targets", ", ".join(job.options.targets)))
+        rows.append(("targets", markup(", ".join(job.options.targets))))
     if job.webhook is not None:
-        rows.append(("webhook", job.webhook.status))
+        rows.append(("webhook", markup(job.webhook.status)))
     if job.expired_at is not None:
         rows.append(("expired", _when(job.expired_at)))
     for name, value in rows:
@@ -95,12 +98,13 @@ def render_job(job: JobPublic, console: Console) -> None:
     if changes:
         stages = Table("at", "stage", "status", title="Stages", title_justify="left")
         for event in changes:
-            stages.add_row(_when(event.at), event.stage or "", event.status)
+            stages.add_row(_when(event.at), markup(event.stage or ""), markup(event.status))
         console.print(stages)
     if job.artifacts:
         table = Table("artifact", "size", "sha256", title="Artifacts", title_justify="left")
         for artifact in job.artifacts:
-            table.add_row(artifact.name, human_size(artifact.size), artifact.sha256[:16])
+            size = human_size(artifact.size)
+            table.add_row(markup(artifact.name), size, markup(artifact.sha256[:16]))
         console.print(table)
     if job.error is not None and job.status != "canceled":
         render_error(job.error, console)
@@ -114,16 +118,16 @@ def render_jobs(items: list[JobSummary], console: Console) -> None:
     for name in ("error", "seconds", "created", "model", "targets"):
         table.add_column(name)
     for item in items:
-        status = status_text(item.status) + (f" ({item.stage})" if item.stage else "")
+        status = status_text(item.status) + (f" ({markup(item.stage)})" if item.stage else "")
         if item.cache_hit:
             status += " (cache hit)"
         table.add_row(
-            item.id,
+            markup(item.id),
             status,
-            item.error.code if item.error else "",
+            markup(item.error.code) if item.error else "",
             _seconds(item.created_at, item.finished_at),
             _when(item.created_at),
-            escape(item.model_name or ""),
-            ", ".join(item.targets),
+            markup(item.model_name or ""),
+            markup(", ".join(item.targets)),
         )
     console.print(table)

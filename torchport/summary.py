@@ -1,17 +1,48 @@
-"""A readable terminal summary of an export's report and signature."""
+"""A readable terminal summary of an export's report and signature.
+
+The report and the signature are a job's writing: every text of theirs is shown through
+`torchport.terminal.markup` (control characters and rich markup printed as text)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypeVar
 
+from pydantic import BaseModel
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from schemas import GenerationCheck, ReportDocument, SignatureDocument, VerificationReport
 from torchport.artifact_table import render_artifact_table
 from torchport.job_view import render_error
+from torchport.terminal import markup
+
+MAX_DOCUMENT_BYTES = 64 << 20
+"""The most of a job's report.json or signature.json read (eight times what a worker
+writes by default, `TORCHPORT_SANDBOX_MAX_REPORT_BYTES`)."""
+_Document = TypeVar("_Document", bound=BaseModel)
+
+
+class UnreadableDocument(ValueError):
+    """A job's report.json or signature.json is too large, or not what the contract says."""
+
+
+def read_document(model: type[_Document], path: Path) -> _Document:
+    """A job's report.json or signature.json (`model`), read to at most
+    `MAX_DOCUMENT_BYTES`.
+
+    Raises:
+        UnreadableDocument: it is larger, or no JSON document `model` accepts.
+    """
+    with path.open("rb") as file:
+        data = file.read(MAX_DOCUMENT_BYTES + 1)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise UnreadableDocument(f"{path.name} is over {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        return model.model_validate(json.loads(data))
+    except ValueError:  # not JSON, not UTF-8, or not the document
+        raise UnreadableDocument(f"{path.name} is not as the contract says") from None
 
 
 def render_summary(
@@ -28,37 +59,43 @@ def render_summary(
     `--out`)."""
     ok = report.status == "succeeded"
     colour = "green" if ok else "red"
-    console.print(f"[bold {colour}]export {report.status}[/] in {report.duration_s or 0:.2f} s")
+    status = markup(report.status)
+    console.print(f"[bold {colour}]export {status}[/] in {report.duration_s or 0:.2f} s")
     stages = Table("stage", "status", "seconds", title="Stages", title_justify="left")
     for stage in report.stages:
-        stages.add_row(stage.name, stage.status, f"{stage.duration_s:.3f}")
+        stages.add_row(markup(stage.name), markup(stage.status), f"{stage.duration_s:.3f}")
     console.print(stages)
 
     if report.sandbox is not None:
-        console.print("Sandbox layers: " + (", ".join(report.sandbox.layers) or "none"))
+        console.print("Sandbox layers: " + (markup(", ".join(report.sandbox.layers)) or "none"))
     for attempt in report.tracing.attempts:
         mode = "strict" if attempt.strict else "non-strict"
-        outcome = "ok" if attempt.succeeded else f"failed ({attempt.error.code})"  # type: ignore[union-attr]
+        code = attempt.error.code if attempt.error is not None else "?"
+        outcome = "ok" if attempt.succeeded else f"failed ({markup(code)})"
         console.print(f"  trace attempt: {mode}, {outcome}, {attempt.duration_s:.2f} s")
     shapes = report.tracing.dynamic_shapes
     for fix in shapes.fixes:
-        console.print(f"  [yellow]dynamic-shape fix applied:[/] {fix.text}")
+        console.print(f"  [yellow]dynamic-shape fix applied:[/] {markup(fix.text)}")
     if shapes.fixes:
-        console.print(f"  applied spec: {json.dumps(shapes.applied)}")
+        console.print(f"  applied spec: {markup(json.dumps(shapes.applied))}")
 
     if report.decomposition is not None:
         dec = report.decomposition
         console.print(
-            f"Ops ({dec.mode}): {sum(dec.ops_after.values())} calls of {len(dec.ops_after)} ops"
+            f"Ops ({markup(dec.mode)}): {sum(dec.ops_after.values())} calls of "
+            f"{len(dec.ops_after)} ops"
             + (
-                f"; outside core ATen: {', '.join(dec.non_core_aten_ops)}"
+                f"; outside core ATen: {markup(', '.join(dec.non_core_aten_ops))}"
                 if dec.non_core_aten_ops
                 else ""
             )
         )
 
     if signature is None and out_dir is not None and (out_dir / "signature.json").is_file():
-        signature = SignatureDocument.model_validate_json((out_dir / "signature.json").read_text())
+        try:
+            signature = read_document(SignatureDocument, out_dir / "signature.json")
+        except UnreadableDocument as exc:
+            console.print(f"[yellow]warning[/] {markup(exc)}")
     if ok and signature is not None:
         _render_signature(signature, console)
 
@@ -75,31 +112,32 @@ def render_summary(
         if made.encoder is not None:
             encoder = made.encoder
             shape = ", ".join(str(size) for size in encoder.input_shape)
-            parts = [f"{encoder.artifact} ({', '.join(encoder.inputs)} [{shape}])"]
+            parts = [markup(f"{encoder.artifact} ({', '.join(encoder.inputs)} [{shape}])")]
             if encoder.verification is not None:
                 parts.append(verdict_text(encoder.verification))
             if encoder.roundtrip is not None:
-                parts.append(f"round trip {encoder.roundtrip.status}")
+                parts.append(f"round trip {markup(encoder.roundtrip.status)}")
             console.print("Encoder: " + ", ".join(parts))
     for name, target in report.targets.items():
         checked = f", {verdict_text(target.verification)}" if target.verification else ""
         if target.generation is not None:
             checked += f", {generation_text(target.generation)}"
-        console.print(f"Target {name}: {target.status}{checked}")
+        console.print(f"Target {markup(name)}: {markup(target.status)}{checked}")
     render_artifact_table(report, console)
 
     for warning in report.warnings:
-        console.print(f"[yellow]warning[/] \\[{warning.code}] {escape(warning.message)}")
+        message = markup(warning.message, multiline=True)
+        console.print(f"[yellow]warning[/] \\[{markup(warning.code)}] {message}")
 
     if report.error is not None:
         render_error(report.error, console)
         for issue in report.draft_export or []:
             where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
             first_line = issue.message.splitlines()[0] if issue.message else ""
-            console.print(f"  draft-export issue: {issue.type}{where}: {escape(first_line)}")
+            console.print(f"  draft-export issue: {markup(f'{issue.type}{where}: {first_line}')}")
     else:
-        where = f" in {escape(str(out_dir))}" if out_dir is not None else ""
-        console.print(f"artifacts{where}: " + ", ".join(a.name for a in report.artifacts))
+        where = f" in {markup(out_dir)}" if out_dir is not None else ""
+        console.print(f"artifacts{where}: " + markup(", ".join(a.name for a in report.artifacts)))
 
 
 def generation_text(check: GenerationCheck) -> str:
@@ -128,18 +166,18 @@ def _render_signature(signature: SignatureDocument, console: Console) -> None:
     table = Table("input", "kind", "shape", "dtype", title="Signature", title_justify="left")
     for spec in signature.inputs:
         if spec.kind == "user_input":
-            table.add_row(
-                spec.pytree_path or spec.name, spec.kind, str(spec.shape), spec.dtype or ""
-            )
+            cells = (spec.pytree_path or spec.name, spec.kind, str(spec.shape), spec.dtype or "")
+            table.add_row(*map(markup, cells))
     for out in signature.outputs:
-        table.add_row(out.pytree_path or out.name, out.kind, str(out.shape), out.dtype or "")
+        cells = (out.pytree_path or out.name, out.kind, str(out.shape), out.dtype or "")
+        table.add_row(*map(markup, cells))
     console.print(table)
     if signature.range_constraints:
         ranges = ", ".join(
             f"{rc.symbol} ∈ [{rc.min}, {'∞' if rc.max is None else rc.max}]"
             for rc in signature.range_constraints
         )
-        console.print(f"Ranges: {ranges}")
+        console.print(f"Ranges: {markup(ranges)}")
 
 
 def _render_verification(report: ReportDocument, console: Console) -> None:
@@ -155,12 +193,14 @@ def _render_verification(report: ReportDocument, console: Console) -> None:
     )
     for sample in report.verification.samples:
         if sample.status == "skipped":
-            table.add_row(sample.label, "-", "-", "-", f"skipped: {sample.reason or ''}")
+            table.add_row(
+                markup(sample.label), "-", "-", "-", markup(f"skipped: {sample.reason or ''}")
+            )
             continue
         for out in [*sample.outputs, *sample.buffers]:
             table.add_row(
-                sample.label,
-                out.path or "output",
+                markup(sample.label),
+                markup(out.path or "output"),
                 "-" if out.max_abs_error is None else f"{out.max_abs_error:.2e}",
                 "-" if out.max_rel_error is None else f"{out.max_rel_error:.2e}",
                 "[green]✓[/]" if out.passed else "[red]✗[/]",
@@ -168,4 +208,5 @@ def _render_verification(report: ReportDocument, console: Console) -> None:
     console.print(table)
     rt = report.verification.roundtrip
     if rt is not None:
-        console.print(f"Round trip ({rt.loader}): {rt.status}, bitwise equal: {rt.bitwise_equal}")
+        loader, status = markup(rt.loader), markup(rt.status)
+        console.print(f"Round trip ({loader}): {status}, bitwise equal: {rt.bitwise_equal}")

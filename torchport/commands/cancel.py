@@ -14,6 +14,7 @@ import argparse
 from rich.console import Console
 
 from torchport.commands.connection import EXIT_OK, add_server_arguments, connect, print_refusal
+from torchport.terminal import json_text, markup
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
         except TorchportError as exc:
             return print_refusal(exc, args.json, err)
     if args.json:
-        print(job.data.model_dump_json(indent=2))
+        print(json_text(job.data))
     elif job.status == "canceled":
-        Console().print(f"{job.id} {status_text(job.status)}")
+        Console().print(f"{markup(job.id)} {status_text(job.status)}")
     else:
-        Console().print(f"{job.id} {status_text(job.status)}: its worker is stopping it")
+        Console().print(f"{markup(job.id)} {status_text(job.status)}: its worker is stopping it")
     return EXIT_OK

@@ -10,11 +10,11 @@ canceled, or waiting for it timed out; 2 a usage error, a request the server ref
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.markup import escape
+
+from torchport.terminal import json_text, markup
 
 if TYPE_CHECKING:
     from torchport.client import Client, Job, TorchportError
@@ -40,11 +40,12 @@ def print_refusal(exc: TorchportError, as_json: bool, console: Console) -> int:
     """Print an error answer of the API (the error body with `--json`); returns exit 2."""
     if as_json:
         body = exc.body.model_dump(mode="json") if exc.body else None
-        print(json.dumps(body or {"code": exc.code, "message": exc.message}))
+        print(json_text(body or {"code": exc.code, "message": exc.message}, indent=None))
         return EXIT_REFUSED
-    console.print(f"[bold red]error[/] \\[{exc.code}] {escape(exc.message)}")
+    message = markup(exc.message, multiline=True)
+    console.print(f"[bold red]error[/] \\[{markup(exc.code)}] {message}")
     if exc.body is not None and exc.body.hint:
-        console.print(f"[bold]hint:[/] {escape(exc.body.hint)}")
+        console.print(f"[bold]hint:[/] {markup(exc.body.hint, multiline=True)}")
     return EXIT_REFUSED
 
 
@@ -71,14 +72,13 @@ def follow(job: Job, console: Console, *, timeout: float | None, quiet: bool) ->
         console=console,
         disable=quiet or not console.is_terminal,
     ) as bar:
-        task = bar.add_task(f"{job.id[:8]} {job.status}", total=len(STAGES))
+        name = markup(job.id[:8])
+        task = bar.add_task(f"{name} {job.status}", total=len(STAGES))
 
         def on_event(event: Any) -> None:
             done = STAGES.index(event.stage) if event.stage in STAGES else 0
-            bar.update(
-                task, completed=done, description=f"{job.id[:8]} {event.stage or event.status}"
-            )
+            bar.update(task, completed=done, description=f"{name} {event.stage or event.status}")
 
         job.wait(timeout=timeout, on_event=on_event)
-        bar.update(task, completed=len(STAGES), description=f"{job.id[:8]} {job.status}")
+        bar.update(task, completed=len(STAGES), description=f"{name} {job.status}")
     return job

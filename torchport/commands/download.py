@@ -10,14 +10,13 @@ not finished yet, `expired`, `not_found`) or the server unreachable.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from torchport.commands.connection import add_server_arguments, connect, job_exit_code
+from torchport.terminal import json_text, markup
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
         files = [
             {"name": p.name, "path": str(p), "size": size, "sha256": sha} for p, size, sha in saved
         ]
-        print(json.dumps({"id": job.id, "status": job.status, "files": files}, indent=2))
+        print(json_text({"id": job.id, "status": job.status, "files": files}))
     else:
-        title = f"{job.id} {job.status}, saved in {escape(str(args.out))}"
+        title = f"{markup(job.id)} {job.status}, saved in {markup(args.out)}"
         table = Table("file", "size", "sha256", title=title, title_justify="left")
         for path, size, sha in saved:
-            table.add_row(escape(path.name), human_size(size), sha[:16])
+            table.add_row(markup(path.name), human_size(size), markup(sha[:16]))
         Console().print(table)
     return job_exit_code(job.status)

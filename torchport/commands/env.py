@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas import EnvironmentDescription
+from torchport.terminal import json_text, markup
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,17 +41,18 @@ def run(args: argparse.Namespace) -> int:
             with Client(args.server, args.api_key) as client:
                 found = client.environment()
         except TorchportError as exc:
-            Console(stderr=True).print(f"[red]{exc.code}[/red]: {exc.message}")
+            message = markup(exc.message, multiline=True)
+            Console(stderr=True).print(f"[red]{markup(exc.code)}[/red]: {message}")
             return 2
         if args.json:
-            print(found.model_dump_json(indent=2))
+            print(json_text(found))
             return 0
         if not found.workers:
             console.print("No worker has recorded its environment yet.")
-        for worker in found.workers:
+        for worker in found.workers:  # what the server says is shown as text, never run
             console.print(
-                f"[bold]queue {worker.queue}[/]: worker {worker.hostname}, started "
-                f"{worker.recorded_at:%Y-%m-%d %H:%M:%S %Z}"
+                f"[bold]queue {markup(worker.queue)}[/]: worker {markup(worker.hostname)}, "
+                f"started {worker.recorded_at:%Y-%m-%d %H:%M:%S %Z}"
             )
             render(worker.environment, console, every=args.all)
         return 0
@@ -69,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
 def render(described: EnvironmentDescription, console: Console, *, every: bool) -> None:
     """The model libraries as a table (whether each loads, and why not), then the rest."""
     console.print(
-        f"Python {described.python} on {described.platform}; torch "
-        f"{described.torch or 'not installed'}; torchport {described.torchport or '?'}"
+        markup(
+            f"Python {described.python} on {described.platform}; torch "
+            f"{described.torch or 'not installed'}; torchport {described.torchport or '?'}"
+        )
     )
     table = Table(title="Model libraries", title_justify="left")
     table.add_column("library")
@@ -85,7 +89,8 @@ def render(described: EnvironmentDescription, console: Console, *, every: bool) 
         loads = {True: "[green]yes[/]", False: "[red]no[/]", None: "not checked"}[library.imports]
         if library.version is None:
             loads = "[dim]—[/]"
-        table.add_row(library.name, library.version or "not installed", loads, library.error or "")
+        version = library.version or "not installed"
+        table.add_row(markup(library.name), markup(version), loads, markup(library.error or ""))
     console.print(table)
     if described.targets:
         targets = Table(title="Deployment targets", title_justify="left")
@@ -95,10 +100,10 @@ def render(described: EnvironmentDescription, console: Console, *, every: bool) 
         for target in described.targets:
             works = {True: "[green]yes[/]", False: "[red]no[/]", None: "not checked"}[target.works]
             why = ", ".join(f"{m} missing" for m in target.missing) or target.error or ""
-            targets.add_row(target.name, works, why)
+            targets.add_row(markup(target.name), works, markup(why))
         console.print(targets)
     if others:
         console.print(
             f"{len(others)} more installed (--all lists them): "
-            + ", ".join(f"{lib.name} {lib.version}" for lib in others)
+            + markup(", ".join(f"{lib.name} {lib.version}" for lib in others))
         )

@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
 
 from engine.artifacts import ARTIFACT_NAMES, ENCODER, TARGET_FILES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
@@ -27,6 +26,7 @@ from schemas.outcomes import error_body, validation_items
 from torchport.checkpoints import UnusableAdapter, upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 from torchport.summary import render_summary
+from torchport.terminal import json_text, markup
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -143,10 +143,10 @@ def _run(
         out = args.out if len(models) == 1 else args.out / model.stem
         out.mkdir(parents=True, exist_ok=True)
         if len(models) > 1 and not args.json:
-            Console().rule(f"[bold]{escape(str(model))}")
+            Console().rule(f"[bold]{markup(model)}")
         report = exporter.export(model, out)
         if args.json:
-            print(report.model_dump_json(indent=2))
+            print(json_text(report))
         else:
             render_summary(report, Console(), out_dir=out)
         failed += report.status != "succeeded"
@@ -154,7 +154,7 @@ def _run(
 
 
 def _say(console: Console) -> Callable[[str], None]:
-    return lambda text: console.print(escape(text))
+    return lambda text: console.print(markup(text, multiline=True))
 
 
 class _UsageError(Exception):
@@ -284,7 +284,8 @@ class _Exporter:
         with self.err.status("loading", spinner="dots") as status:
 
             def on_progress(event: Progress) -> None:
-                status.update(f"[bold]{event.stage}[/] {event.message}")
+                # the job's own words: shown as text, never run
+                status.update(f"[bold]{markup(event.stage)}[/] {markup(event.message)}")
 
             if self.args.no_sandbox:
                 return self._in_process(model, out, on_progress)
@@ -363,8 +364,8 @@ def _refused(options: ExportOptions, why: str) -> ReportDocument:
 
 def _print_error(body: ErrorBody, as_json: bool, err: Console) -> None:
     if as_json:
-        print(body.model_dump_json(indent=2))
+        print(json_text(body))
         return
-    err.print(f"[bold red]error[/] \\[{body.code}] {escape(body.message)}")
+    err.print(f"[bold red]error[/] \\[{body.code}] {markup(body.message, multiline=True)}")
     if body.hint:
-        err.print(f"[bold]hint:[/] {escape(body.hint)}")
+        err.print(f"[bold]hint:[/] {markup(body.hint, multiline=True)}")

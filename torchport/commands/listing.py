@@ -10,10 +10,10 @@ import argparse
 from typing import get_args
 
 from rich.console import Console
-from rich.markup import escape
 
 from schemas import JobStatus
 from torchport.commands.connection import EXIT_OK, add_server_arguments, connect, print_refusal
+from torchport.terminal import json_text, markup
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
         except TorchportError as exc:
             return print_refusal(exc, args.json, err)
     if args.json:
-        print(page.model_dump_json(indent=2))
+        print(json_text(page))
         return EXIT_OK
     render_jobs(page.items, Console())
     if page.next_cursor:
-        err.print(f"next page: --cursor {escape(page.next_cursor)}", soft_wrap=True)
+        err.print(f"next page: --cursor {markup(page.next_cursor)}", soft_wrap=True)
     return EXIT_OK

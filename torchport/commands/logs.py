@@ -24,6 +24,7 @@ from torchport.commands.connection import (
     job_exit_code,
     print_refusal,
 )
+from torchport.terminal import json_text, visible
 
 if TYPE_CHECKING:
     from schemas import StageEvent
@@ -91,10 +92,12 @@ def _follow(job: Job, as_json: bool) -> None:
 
 def _print(event: StageEvent, as_json: bool) -> None:
     if as_json:
-        print(event.model_dump_json(), flush=True)
+        print(json_text(event, indent=None), flush=True)
         return
     moment = event.at.astimezone()  # local time, as `torchport status` shows times
     when = f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d}"
     progress = f"{event.fraction:4.0%}" if event.fraction is not None else "    "
-    line = f"{when}  {event.stage or '-':<11} {event.status:<9} {progress}  {event.message or ''}"
+    # one event a line: a newline in the message is shown, never starts a line of its own
+    message = visible(event.message or "")
+    line = f"{when}  {event.stage or '-':<11} {event.status:<9} {progress}  {message}"
     print(line.rstrip(), flush=True)

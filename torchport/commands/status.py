@@ -19,6 +19,7 @@ from torchport.commands.connection import (
     job_exit_code,
     print_refusal,
 )
+from torchport.terminal import json_text, markup
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
         except TorchportError as exc:
             return print_refusal(exc, args.json, err)
         except TimeoutError as exc:
-            err.print(f"torchport status: {exc}")
+            err.print(f"torchport status: {markup(exc)}")
             return EXIT_FAILED
     if args.json:
-        print(job.data.model_dump_json(indent=2))
+        print(json_text(job.data))
     else:
         render_job(job.data, Console())
     return job_exit_code(job.status)
