@@ -232,7 +232,13 @@ def _torchport(
 def _matched(check: dict[str, Any] | None) -> str:
     if not check:
         return "-"
-    return "matched" if check["matched"] else f"differs at {check['first_mismatch']}"
+    if check["matched"]:
+        return "matched"
+    if check["first_mismatch"] is not None:
+        return f"differs at {check['first_mismatch']}"
+    # the first run matched; a later one (started again at position 0) did not
+    run = next((r for r in check.get("runs", []) if not r["matched"]), {})
+    return f"differs at {run.get('first_mismatch')} after a restart ({run.get('prompt')} prompt)"
 
 
 def _cell(result: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,13 +19,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from engine import module_copies
+from engine import module_copies, training_mode
 from engine.errors import EagerRunFailed, InvalidInputs
 from engine.inputs import normalize_inputs
 from engine.source_map import SourceMap
 from engine.weights import load_weights
+from schemas import ExportOptions, ReportWarning, WeightsReport
 
-__all__ = ["module_inputs", "run_eager"]
+__all__ = ["Prepared", "module_inputs", "prepare", "run_eager"]
 
 STAGE = "loading"
 
@@ -147,28 +149,51 @@ def _restore(module: torch.nn.Module, saved: _Snapshot) -> None:
                 tensor.copy_(value)
 
 
+@dataclass
+class Prepared:
+    """What `prepare` hands the loaded model: its inputs on the device, the eager
+    reference (when run), how the weights were loaded, and the warnings of both steps."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    outputs: Any = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    weights: WeightsReport | None = None
+    warnings: list[ReportWarning] = field(default_factory=list)
+
+
 def prepare(
     model: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
     weights: Path | None,
-    device: str,
+    options: ExportOptions,
     source_map: SourceMap,
     reference: bool,
-) -> tuple[tuple[Any, ...], dict[str, Any], Any, dict[str, torch.Tensor]]:
+) -> Prepared:
     """The last steps of loading, for code and checkpoint uploads alike: the uploaded
-    weights loaded (strictly), model and inputs moved to `device`, and with `reference`
-    the eager reference run.
+    weights loaded (option `weights`), the model put in the mode option `training` asks
+    for (`engine.training_mode`), model and inputs moved to `options.device`, and with
+    `reference` the eager reference run, which so runs the model as it is exported.
 
     Returns:
-        The inputs on the device, and the reference outputs and buffers (None and {}
-        without `reference`).
+        The inputs on the device, the reference outputs and buffers (None and {}
+        without `reference`), `report.weights` and the warnings.
     """
+    prepared = Prepared(args, kwargs)
     if weights is not None:
-        load_weights(model, weights)
-    if device == "cuda":
+        prepared.weights, prepared.warnings = load_weights(model, weights, options.weights)
+    made_eval = training_mode.apply(model, options.training)
+    if made_eval is not None:
+        prepared.warnings.append(made_eval)
+    if options.device == "cuda":
         model.to("cuda")
-        args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), (args, kwargs))
-    outputs, buffers = run_eager(model, args, kwargs, source_map) if reference else (None, {})
-    return args, kwargs, outputs, buffers
+        prepared.args, prepared.kwargs = tree_map_only(
+            torch.Tensor, lambda t: t.to("cuda"), (args, kwargs)
+        )
+    if reference:
+        prepared.outputs, prepared.buffers = run_eager(
+            model, prepared.args, prepared.kwargs, source_map
+        )
+    return prepared

@@ -40,6 +40,14 @@ class ExportRequest:
     """List the artifacts, with their SHA-256, in the report. The sandbox's job child
     says no: the worker hashes the files it accepts from the child and lists them
     itself (reading a big program twice is 3 ms for a transformer block's 3.4 MB)."""
+    time_limit_s: float | None = None
+    """The job's wall-clock limit as whoever runs it enforces it (a worker caps
+    `timeout_s`); None: `options.timeout_s`. The targets' budgets share what it leaves."""
+    provisional_report: bool = False
+    """Before each target and before profiling, write `report.partial.json`: the report as
+    it would be were the job stopped there by its time limit (the sandbox's worker then
+    delivers it, the program and the finished targets instead of nothing). Removed once
+    `report.json` is written."""
 
 
 @dataclass

@@ -13,11 +13,21 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import resident_memory
+from engine import environment, resident_memory
+from engine.artifacts import artifact_info
 from engine.source_map import SourceMap
-from schemas import Progress, ReportWarning, StageRecord, TargetResult, TracingReport
+from schemas import (
+    ErrorBody,
+    Progress,
+    ReportDocument,
+    ReportWarning,
+    StageRecord,
+    TargetResult,
+    TracingReport,
+)
 
 if TYPE_CHECKING:
     from engine.export_request import ExportRequest, ProgressCallback
@@ -40,6 +50,55 @@ class ExportRun:
         """What the upload imported, for the report's environment (filled by loading)."""
         self.targets: dict[str, TargetResult] = {}
         """Each deployment target converted so far (option `targets`)."""
+        self.started = time.perf_counter()
+        self.stage_started = self.started
+
+    @property
+    def time_limit_s(self) -> float:
+        """The job's wall-clock limit (`ExportRequest.time_limit_s`, else `timeout_s`)."""
+        limit = self.request.time_limit_s
+        return float(self.request.options.timeout_s if limit is None else limit)
+
+    def time_left(self) -> float:
+        """Seconds left of the job's time limit."""
+        return self.time_limit_s - (time.perf_counter() - self.started)
+
+    def report(
+        self,
+        error: ErrorBody | None,
+        artifacts: dict[str, Path],
+        *,
+        stages: list[StageRecord] | None = None,
+        warnings: list[ReportWarning] | None = None,
+        targets: dict[str, TargetResult] | None = None,
+    ) -> ReportDocument:
+        """The report of what the run gathered (`stages`, `warnings`, `targets`: others
+        than the run's own, for a provisional report)."""
+        return ReportDocument(
+            status="failed" if error else "succeeded",
+            stages=self.stages if stages is None else stages,
+            tracing=self.sections["tracing"],
+            decomposition=self.sections.get("decomposition"),
+            verification=self.sections.get("verification"),
+            model=self.sections.get("model"),
+            inputs=self.sections.get("inputs", []),
+            weights=self.sections.get("weights"),
+            warnings=self.warnings if warnings is None else warnings,
+            error=error,
+            draft_export=self.sections.get("draft_export"),
+            targets=self.targets if targets is None else targets,
+            checkpoint=self.sections.get("checkpoint"),
+            generation=self.sections.get("generation"),
+            profile=self.sections.get("profile"),
+            quantization=self.sections.get("quantization"),
+            environment=environment.describe(self.request.options.device, libraries=self.libraries),
+            artifacts=(
+                [artifact_info(path) for path in artifacts.values()]
+                if self.request.digest_artifacts
+                else []
+            ),
+            duration_s=time.perf_counter() - self.started,
+        )
 
     def emit(self, fraction: float, message: str = "") -> None:
         if self.progress is not None:
@@ -48,6 +107,7 @@ class ExportRun:
     @contextmanager
     def step(self, name: str, message: str) -> Iterator[None]:
         self.stage = name
+        self.stage_started = time.perf_counter()
         self.emit(0.0, message)
         started = time.perf_counter()
         memory = resident_memory.PeakWatch().start()

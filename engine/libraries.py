@@ -224,10 +224,17 @@ def _text(value: Any) -> str:
 
 
 def describe_environment(
-    *, check: bool = True, timeout_s: float = CHECK_TIMEOUT_S, python: str | None = None
+    *,
+    check: bool = True,
+    timeout_s: float = CHECK_TIMEOUT_S,
+    python: str | None = None,
+    cached_only: bool = False,
 ) -> EnvironmentDescription:
     """torch, Python and every installed distribution; with `check`, whether each model
-    library loads (see `check_imports`; the installed ones only)."""
+    library loads (see `check_imports`; the installed ones only). `cached_only` answers
+    the checks only from the answers kept for exactly these distributions, starting no
+    interpreter: a quick description (imports `None` when none are kept) a worker records
+    at once at start, before the checks that take seconds."""
     installed = installed_distributions()
     checks: dict[str, str] = {}
     if check:
@@ -243,11 +250,12 @@ def describe_environment(
     started = time.perf_counter()
     cache = _check_cache(installed, python) if checks else None
     checked = _cached_checks(cache, checks)
-    if checks and checked is None:
+    if checks and checked is None and not cached_only:
         checked = check_imports(checks, timeout_s=timeout_s, python=python)
         _store_checks(cache, checked)
+    answered = checked is not None
     checked = checked or {}
-    duration = time.perf_counter() - started if checks else None
+    duration = time.perf_counter() - started if checks and answered else None
     libraries = []
     for name in MODEL_LIBRARIES:
         dist = installed.get(name)
@@ -287,7 +295,7 @@ def describe_environment(
         torchport=ours.version if ours is not None else None,
         torch=torch.version if torch is not None else None,
         libraries=libraries,
-        targets=target_requirements.describe_targets(target_imports if check else None),
+        targets=target_requirements.describe_targets(target_imports if answered else None),
         described_at=datetime.now(UTC),
         check_duration_s=round(duration, 3) if duration is not None else None,
     )

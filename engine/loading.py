@@ -10,7 +10,8 @@ Steps, each failing with its own contract code (stage `loading`):
 3. resolve the model symbol: instance, class, function of tensors or `get_model()`
    — `model_not_found`;
 4. example inputs from the inputs file or `example_args` — `invalid_inputs`;
-5. weights — `weights_mismatch`; device placement — `invalid_request`;
+5. weights — `weights_mismatch`; the mode option `training` asks for (eval by default,
+   `engine.training_mode`) — `invalid_request`; device placement — `invalid_request`;
 6. one eager reference run on a deep copy — `eager_run_failed`.
 
 The steps live in their own modules, re-exported here: `engine.upload_import` (2),
@@ -99,7 +100,8 @@ def load(
 
     Args:
         upload: paths of the uploaded model (`.py` or `.zip`), inputs and weights.
-        options: the export options (`symbol`, `entry`, `device` are used here).
+        options: the export options (`symbol`, `entry`, `device`, `weights`, `training`
+            are used here).
         workdir: the job's scratch directory; the source goes to `workdir/src`.
         libraries: filled in, even when loading fails, with the third-party
             distributions (and versions) the upload imported while it was imported and
@@ -156,26 +158,28 @@ def load(
         args, kwargs = read_inputs(upload.inputs)
     else:
         args, kwargs = module_inputs(module, model)
-    args, kwargs, outputs, buffers = prepare(
+    prepared = prepare(
         model,
         args,
         kwargs,
         weights=upload.weights,
-        device=options.device,
+        options=options,
         source_map=source_map,
         reference=reference,
     )
     return LoadedModel(
         module=model,
-        args=args,
-        kwargs=kwargs,
+        args=prepared.args,
+        kwargs=prepared.kwargs,
         source_map=source_map,
         entry=entry,
         module_name=module.__name__,
         module_dynamic_shapes=getattr(module, "dynamic_shapes", None),
-        eager_outputs=outputs,
-        eager_buffers=buffers,
+        eager_outputs=prepared.outputs,
+        eager_buffers=prepared.buffers,
         device=options.device,
+        weights=prepared.weights,
+        warnings=prepared.warnings,
     )
 
 

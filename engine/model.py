@@ -10,7 +10,7 @@ import torch
 
 from engine.generation import Generation
 from engine.source_map import SourceMap
-from schemas import CheckpointReport
+from schemas import CheckpointReport, ReportWarning, WeightsReport
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class LoadedModel:
     eager_outputs: Any = None
     eager_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     device: str = "cpu"
+    weights: WeightsReport | None = None
+    """How the uploaded weights file was loaded (report.weights); None without one."""
+    warnings: list[ReportWarning] = field(default_factory=list)
+    """What loading warns of: a model exported in eval mode, weights skipped."""
     checkpoint: CheckpointReport | None = None
     """For a checkpoint upload: the task and how it was chosen (report.checkpoint)."""
     generation: Generation | None = None

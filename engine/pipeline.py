@@ -6,13 +6,13 @@ profile, when asked).
 `program.pt2`, `graph.json` and `signature.json`.
 
 The bookkeeping of a run lives in `engine.export_run`, the steps around the stages
-(portability, recovery, round trip, targets) in `engine.pipeline_steps`.
+(portability, recovery, round trip) in `engine.pipeline_steps`, the stages after
+serializing (targets, profiles) in `engine.target_stages`.
 """
 
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from engine import (
     diagnostics,
     documents,
     encoder_program,
-    environment,
     generation,
     inputs,
     library_adaptations,
@@ -38,7 +37,14 @@ from engine import (
     tracing,
     verification,
 )
-from engine.artifacts import GRAPH, PROGRAM, REPORT, SIGNATURE, TARGET_FILES, artifact_info
+from engine.artifacts import (
+    GRAPH,
+    PROGRAM,
+    PROVISIONAL_REPORT,
+    REPORT,
+    SIGNATURE,
+    TARGET_FILES,
+)
 from engine.dim_names import dim_names
 from engine.errors import ExportError, InternalError
 from engine.export_request import (
@@ -57,12 +63,10 @@ from engine.pipeline_steps import (
     DRAFT_WORTHY,
     apply_portability,
     check_roundtrip,
-    convert_targets,
     draft_section,
     keep_ops_until_verified,
     partial_verification_warning,
     plain_options,
-    profile_artifacts,
     run_reference,
     suggest_dynamic_shapes,
     unknown_output,
@@ -71,11 +75,11 @@ from engine.pipeline_steps import (
 )
 from engine.program_save import EarlySave, save_program
 from engine.source_map import SourceMap
+from engine.target_stages import convert_targets, profile_artifacts
 from schemas import (
     EncoderReport,
     ErrorBody,
     ExportOptions,
-    ReportDocument,
     RoundtripCheck,
     TargetResult,
     VerifyOptions,
@@ -124,7 +128,6 @@ def run_export(
             caller knows (the sandbox's job child: attempts it saw); `report.json` is
             written once, after it.
     """
-    started = time.perf_counter()
     request.out_dir.mkdir(parents=True, exist_ok=True)
     request.work_dir.mkdir(parents=True, exist_ok=True)
     run = ExportRun(request, progress)
@@ -160,31 +163,11 @@ def run_export(
             run.targets[name] = TargetResult(
                 status="skipped", notes=["The export failed before this target was converted."]
             )
-    report = ReportDocument(
-        status="failed" if error else "succeeded",
-        stages=run.stages,
-        tracing=run.sections["tracing"],
-        decomposition=run.sections.get("decomposition"),
-        verification=run.sections.get("verification"),
-        model=run.sections.get("model"),
-        inputs=run.sections.get("inputs", []),
-        warnings=run.warnings,
-        error=error,
-        draft_export=run.sections.get("draft_export"),
-        targets=run.targets,
-        checkpoint=run.sections.get("checkpoint"),
-        generation=run.sections.get("generation"),
-        profile=run.sections.get("profile"),
-        quantization=run.sections.get("quantization"),
-        environment=environment.describe(request.options.device, libraries=run.libraries),
-        artifacts=(
-            [artifact_info(path) for path in artifacts.values()] if request.digest_artifacts else []
-        ),
-        duration_s=time.perf_counter() - started,
-    )
+    report = run.report(error, artifacts)
     if finish_report is not None:
         finish_report(report)
     report = write_json(request.out_dir / REPORT, report, artifacts)
+    (request.out_dir / PROVISIONAL_REPORT).unlink(missing_ok=True)  # report.json says it all
     return ExportResult(report=report, artifacts=artifacts)
 
 
@@ -204,6 +187,8 @@ def _export(
             request.upload, options, request.work_dir, reference=False, libraries=run.libraries
         )
         run.sections["checkpoint"] = loaded.checkpoint
+        run.sections["weights"] = loaded.weights
+        run.warnings.extend(loaded.warnings)
         if request.upload.calibration is not None:
             loaded.calibration = calibration.read(
                 request.upload.calibration,
@@ -341,6 +326,7 @@ def _export(
                 run.emit(0.5, "greedy generation against eager transformers")
                 checked_ready = generation.program_report(ep, loaded.generation, verify=True)
                 made_ready.check = checked_ready.check
+                run.warnings.extend(generation.constant_warnings(made_ready.check))
                 if made_ready.check is not None and not made_ready.check.matched:
                     raise generation.mismatch_error(made_ready.check)
     elif loaded.generation is not None:
@@ -394,7 +380,7 @@ def _export(
             run, artifacts, ep, traced.ep, pristine, loaded, names, profiled, traced.dynamic_shapes
         )
     if profiled is not None:
-        profile_artifacts(run, pristine, loaded, profiled)
+        profile_artifacts(run, artifacts, pristine, loaded, profiled)
 
 
 def _sampled(loaded: LoadedModel, options: ExportOptions) -> VerifyOptions:

@@ -5,8 +5,8 @@ What `_export` calls beside the stages themselves: making inputs and outputs por
 shapes suggestion and the draft-export issues for the report, keeping ops undecomposed
 until verification passes (`keep_ops_until_verified`) and the `verification_failed`
 error, the `partially_verified` warning (`partial_verification_warning`), the save →
-load round trip (`check_roundtrip`), the deployment targets (`convert_targets`), the
-artifacts' profiles (`profile_artifacts`) and writing the JSON documents.
+load round trip (`check_roundtrip`) and writing the JSON documents. The stages after
+serializing (targets, profiles) are `engine.target_stages`'.
 """
 
 from __future__ import annotations
@@ -26,17 +26,13 @@ from engine import (
     draft,
     module_copies,
     portability,
-    profiling,
     roundtrip,
     verification,
 )
-from engine.artifacts import PROGRAM
 from engine.eager import run_eager
 from engine.errors import (
     ExportError,
-    QuantizationInaccurate,
     SerializationFailed,
-    TargetFailed,
     VerificationFailed,
 )
 from engine.export_run import ExportRun
@@ -56,209 +52,16 @@ __all__ = [
     "DRAFT_WORTHY",
     "apply_portability",
     "check_roundtrip",
-    "convert_targets",
     "draft_section",
     "keep_ops_until_verified",
     "partial_verification_warning",
     "plain_options",
-    "profile_artifacts",
     "run_reference",
     "suggest_dynamic_shapes",
     "unknown_output",
     "verification_failed",
     "write_json",
 ]
-
-
-def convert_targets(
-    run: ExportRun,
-    artifacts: dict[str, Path],
-    ep: torch.export.ExportedProgram,
-    traced: torch.export.ExportedProgram,
-    pristine: torch.nn.Module,
-    loaded: LoadedModel,
-    names: Mapping[str, str] | None = None,
-    profiled: dict[str, profiling.Subject] | None = None,
-    dynamic_shapes: Any = None,
-) -> None:
-    """The deployment targets asked for, each converted from the job's own programs and
-    verified in its runtime; a failed one is a `target_failed` warning, or the job's
-    error when `targets_required`. `profiled` gathers the succeeded ones to profile.
-    With option `quantize`, each is quantized (`report.quantization`); one outside the
-    accuracy budget is a `quantization_inaccurate` warning, or the job's error when
-    `targets_required`. `dynamic_shapes`: the torch spec `traced` was exported with."""
-    from engine import targets
-    from engine.targets import failed_ops
-
-    options = run.request.options
-    wanted = [name for name in targets.ORDER if name in options.targets]
-    quantizing = quantizing_for(run, traced, pristine, loaded, dynamic_shapes)
-    with run.step("converting", ", ".join(wanted)):
-        for index, name in enumerate(wanted):
-            run.emit(index / len(wanted), f"{name}: converting and verifying")
-
-            def phase(what: str, index: int = index, name: str = name) -> None:
-                share = TARGET_PHASES[what]
-                run.emit((index + share) / len(wanted), f"{name}: {what}")
-
-            result = targets.run_target(
-                name,
-                program=ep,
-                traced=traced,
-                pristine=pristine,
-                args=loaded.args,
-                kwargs=loaded.kwargs,
-                out_dir=run.request.out_dir,
-                options=options,
-                names=names,
-                generation=loaded.generation,
-                progress=phase,
-                profiled=profiled,
-                quantizing=quantizing,
-            )
-            if quantizing is not None:
-                quantization_check(run, quantizing, name, result)
-            if result.error is not None:  # name the op it failed on, and the user's line
-                pinned = failed_ops.pinpoint(result.error, (ep, traced), loaded.source_map)
-                result = result.model_copy(update={"error": pinned})
-            run.targets[name] = result
-            if result.status == "succeeded" and result.artifact is not None:
-                for written in result.artifacts or [result.artifact]:
-                    artifacts[written] = run.request.out_dir / written
-                if result.verification is not None:
-                    partial = partial_verification_warning(result.verification, target=name)
-                    if partial is not None:
-                        run.warnings.append(partial)
-                continue
-            error = result.error
-            message = error.message if error is not None else f"target {name} failed"
-            details = {**(error.details if error is not None else {}), "target": name}
-            if options.targets_required:
-                raise TargetFailed(
-                    message,
-                    hint=error.hint if error is not None else None,
-                    location=error.location if error is not None else None,
-                    details=details,
-                )
-            run.warnings.append(
-                ReportWarning(code="target_failed", message=message, details=details)
-            )
-
-
-def quantizing_for(
-    run: ExportRun,
-    traced: torch.export.ExportedProgram,
-    pristine: torch.nn.Module,
-    loaded: LoadedModel,
-    dynamic_shapes: Any,
-) -> Any:
-    """The job's `engine.quantization.Quantizing` (calibrated on the `calibration` upload,
-    or else on the example and the verification samples), or None when option `quantize`
-    asks for none.
-
-    Raises:
-        InvalidInputs: a calibration sample the traced program cannot take."""
-    options = run.request.options
-    if options.quantize.scheme == "none":
-        return None
-    from engine.calibration import calibration_inputs
-    from engine.quantization import Quantizing
-
-    example = (loaded.args, loaded.kwargs)
-    calibration, source = calibration_inputs(
-        traced, example, loaded.calibration, options.verify.samples
-    )
-    quantizing = Quantizing(
-        options=options.quantize,
-        traced=traced,
-        pristine=pristine,
-        args=loaded.args,
-        kwargs=loaded.kwargs,
-        dynamic_shapes=dynamic_shapes,
-        calibration=calibration,
-        calibration_source=source,
-        strict=bool(loaded.strict),
-    )
-    run.sections["quantization"] = quantizing.report
-    return quantizing
-
-
-def quantization_check(run: ExportRun, quantizing: Any, name: str, result: Any) -> None:
-    """Record a target's accuracy against float (not measured when it failed or was not
-    verified); outside the budget: `quantization_inaccurate`, a warning, or the job's
-    error when `targets_required`."""
-    from schemas.quantization import QuantizedTarget
-
-    report = quantizing.report
-    run.sections["quantization"] = report  # the report document copies it
-    entry = report.targets.get(name)
-    if entry is None or result.status != "succeeded":
-        report.targets[name] = QuantizedTarget(measured=False)
-        return
-    if entry.passed is not False:
-        return
-    budget = (
-        f"max abs {report.max_abs}" if report.max_abs is not None else f"cosine {report.min_cosine}"
-    )
-    message = (
-        f"{name}: the {report.scheme} artifact is outside the accuracy budget ({budget}) "
-        f"against the float model: cosine {entry.cosine}, max abs {entry.max_abs_error}"
-    )
-    details = {
-        "target": name,
-        "scheme": report.scheme,
-        "cosine": entry.cosine,
-        "max_abs_error": entry.max_abs_error,
-        "min_cosine": report.min_cosine,
-        "max_abs": report.max_abs,
-    }
-    if run.request.options.targets_required:
-        raise QuantizationInaccurate(
-            message,
-            hint="See report.quantization; loosen quantize.min_cosine or quantize.max_abs, or "
-            "try a milder scheme (int8_dynamic, int8_weight_only).",
-            details=details,
-        )
-    run.warnings.append(
-        ReportWarning(code="quantization_inaccurate", message=message, details=details)
-    )
-
-
-TARGET_PHASES = {"loading": 0.7, "verifying": 0.8}
-"""Where in one target's share of `converting` its phases begin: converting it takes most
-of the time, loading and verifying the rest (a rough split; the page's estimate of the time
-left reads these fractions)."""
-
-
-def profile_artifacts(
-    run: ExportRun,
-    pristine: torch.nn.Module,
-    loaded: LoadedModel,
-    profiled: dict[str, profiling.Subject],
-) -> None:
-    """Stage `profiling`: the eager model, `program.pt2` and each succeeded target loaded
-    and timed on the example inputs (`report.profile`); it never fails the job."""
-    from engine.targets import ORDER
-
-    options = run.request.options
-    with run.step("profiling", "latency, load time and memory of each artifact"):
-        subjects = [
-            profiling.eager_subject(pristine, loaded.args, loaded.kwargs),
-            profiling.program_subject(run.request.out_dir / PROGRAM, loaded.args, loaded.kwargs),
-        ]
-        for name in ORDER:
-            result = run.targets.get(name)
-            if name in profiled and result is not None and result.status == "succeeded":
-                subjects.append(profiled[name])
-        elapsed = sum(stage.duration_s for stage in run.stages)
-        run.sections["profile"] = profiling.profile(
-            subjects,
-            options.profile,
-            budget_s=profiling.budget(options, elapsed),
-            device=options.device,
-            memory_mb=options.memory_mb,
-            progress=run.emit,
-        )
 
 
 def partial_verification_warning(

@@ -41,12 +41,15 @@ def broker_options(settings: CommonSettings) -> tuple[str, dict[str, Any]]:
     url = settings.resolved_broker_url
     if url.startswith("filesystem://"):
         folder = settings.broker_dir
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         return url, {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # kombu keeps its exchange tables here; its default is `control` in the
+            # current directory, which `torchport serve` must leave alone.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": settings.broker_polling_interval_s,
         }

@@ -21,6 +21,7 @@ from schemas.environment import (
     WorkerEnvironment,
 )
 from schemas.errors import ERROR_CODES, STAGES, ErrorBody, ErrorCode, SourceLocation, Stage
+from schemas.generation import GenerationRun
 from schemas.graph import (
     Graph,
     GraphDocument,
@@ -54,7 +55,9 @@ from schemas.options import (
     SubmittedOptions,
     TargetName,
     TaskName,
+    TrainingOption,
     VerifyOptions,
+    WeightsOptions,
 )
 from schemas.profile import ArtifactProfile, LatencyProfile, MachineProfile, ProfileReport
 from schemas.progress import Progress
@@ -82,7 +85,13 @@ from schemas.report import (
     VerificationVerdict,
 )
 from schemas.signature import InputSpec, OutputSpec, PortabilityMapping, SignatureDocument
-from schemas.upload_report import AdapterReport, CheckpointReport, InputSummary, ModelSummary
+from schemas.upload_report import (
+    AdapterReport,
+    CheckpointReport,
+    InputSummary,
+    ModelSummary,
+    WeightsReport,
+)
 
 __all__ = [
     "ERROR_CODES",
@@ -115,6 +124,7 @@ __all__ = [
     "GenerationCheck",
     "GenerationOptions",
     "GenerationReport",
+    "GenerationRun",
     "Graph",
     "GraphDocument",
     "GraphNode",
@@ -158,11 +168,14 @@ __all__ = [
     "TensorMeta",
     "TraceAttempt",
     "TracingReport",
+    "TrainingOption",
     "UploadRef",
     "VerificationReport",
     "VerificationVerdict",
     "VerifyOptions",
     "WebhookDelivery",
+    "WeightsOptions",
+    "WeightsReport",
     "WorkerEnvironment",
     "dynamic_shapes_adapter",
     "parse_dim_expression",

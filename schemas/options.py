@@ -57,6 +57,27 @@ class VerifyOptions(StrictModel):
     ] = None
 
 
+class WeightsOptions(StrictModel):
+    """How the uploaded `weights` file is loaded into the model."""
+
+    strict: bool = Field(
+        default=True,
+        description="The file's names must match the model's exactly (else "
+        "`weights_mismatch`); false loads the tensors whose names match and reports the "
+        "rest (`report.weights.missing`, `.unexpected`, warning `weights_skipped`). Shapes "
+        "must match either way, and at least one name.",
+    )
+    key: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="The key of the file's top-level dict holding the state dict, e.g. "
+        '"ema"; null: the file itself, or, in a training checkpoint, the first of '
+        '"state_dict", "model_state_dict", "model_state", "model", "net" holding one.',
+    )
+
+
+TrainingOption = Literal["eval", "preserve", "refuse"]
+"""What an export does with a model left in training mode (option `training`)."""
+
 TargetName = Literal["onnx", "aoti", "executorch"]
 """The deployment targets an export can also produce (docs/targets.md)."""
 
@@ -230,9 +251,21 @@ class ExportOptions(StrictModel):
         "uploads.",
     )
     strict: bool | Literal["auto"] = False
+    training: TrainingOption = Field(
+        default="eval",
+        description="A model with layers whose behaviour depends on training mode "
+        "(BatchNorm, Dropout, …) left in training mode: `eval` exports it as after "
+        "`.eval()`, as torch.onnx.export does, with warning `model_in_training_mode`; "
+        "`preserve` exports the training-mode behaviour, with the same warning; `refuse` "
+        "fails with `invalid_request`.",
+    )
     dynamic_shapes: DynamicShapesSpec | None = None
     auto_fix_dynamic_shapes: bool = True
     decomposition: DecompositionOptions = Field(default_factory=DecompositionOptions)
+    weights: WeightsOptions = Field(
+        default_factory=WeightsOptions,
+        description="How the uploaded weights file is loaded (`report.weights`).",
+    )
     device: Literal["cpu", "cuda"] = "cpu"
     verify: VerifyOptions = Field(default_factory=VerifyOptions)
     draft_report: bool = True
@@ -253,6 +286,21 @@ class ExportOptions(StrictModel):
         default=False,
         description="Fail the job (`target_failed`) when a target fails; by default the job "
         "succeeds with the target marked failed and a `target_failed` warning.",
+    )
+    target_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = Field(
+        default=None,
+        description="Seconds each target may take (converting, loading and verifying it); "
+        "one over it fails (`target_failed`, `details.reason` `timeout`) and the job keeps "
+        "program.pt2 and the other targets. Null: an equal share of what is left of "
+        "`timeout_s` among the targets not yet converted. Never more than `timeout_s` leaves.",
+    )
+    target_range: Literal["declared", "verified"] = Field(
+        default="declared",
+        description="`declared`: a target whose runtime refuses a verification sample the "
+        "program accepts fails (`target_failed`, `details.reason` `runtime_refused`); "
+        "`verified`: it is kept for the range it ran, the refused samples skipped "
+        "(`partially_verified`) and the range in `details.verified_range`, when every "
+        "refused sample lies outside that range (not with `quantize`).",
     )
     aoti: AotiOptions = Field(default_factory=AotiOptions)
     onnx: OnnxOptions = Field(default_factory=OnnxOptions)

@@ -9,10 +9,11 @@ from pydantic import Field, model_validator
 from schemas._base import SCHEMA_VERSION, StrictModel
 from schemas.dynamic_shapes import DynamicShapesSpec
 from schemas.errors import ErrorBody, SourceLocation, Stage
+from schemas.generation import GenerationCheck
 from schemas.graph import Shape
 from schemas.profile import ProfileReport
 from schemas.quantization import QuantizationReport
-from schemas.upload_report import CheckpointReport, InputSummary, ModelSummary
+from schemas.upload_report import CheckpointReport, InputSummary, ModelSummary, WeightsReport
 
 StageStatus = Literal["succeeded", "failed", "skipped"]
 
@@ -119,8 +120,10 @@ class SampleCheck(StrictModel):
     cost: float | None = Field(
         default=None, description="The sample's input elements over the example's."
     )
-    bound: Literal["max_sample_cost", "memory_mb"] | None = Field(
-        default=None, description="The bound that skipped the sample, if one did."
+    bound: Literal["max_sample_cost", "memory_mb", "runtime"] | None = Field(
+        default=None,
+        description="The bound that skipped the sample, if one did (`runtime`: a target's "
+        "runtime refused it, and option `target_range` kept the target for the range it ran).",
     )
     eager_s: float | None = Field(
         default=None,
@@ -210,28 +213,6 @@ def verdict_of(report: VerificationReport) -> VerificationVerdict:
     return "verified"
 
 
-class GenerationCheck(StrictModel):
-    """Greedy generation from the example prompt, compared token for token with eager
-    transformers (its own forward with a dynamic cache)."""
-
-    max_new_tokens: int = Field(description="Tokens generated after the prompt.")
-    prompt_tokens: int = Field(description="Length of the example prompt.")
-    matched: bool = Field(description="Every generated token equals eager transformers' one.")
-    first_mismatch: int | None = Field(
-        default=None,
-        description="Index (0 = the first generated token) of the first token that differs; "
-        "null when all match.",
-    )
-    expected: list[int] = Field(default_factory=list, description="Eager transformers' tokens.")
-    generated: list[int] = Field(default_factory=list, description="This artifact's tokens.")
-    quantization: QuantizationReport | None = Field(
-        default=None,
-        description="Option `quantize`: the scheme, the accuracy budget and each quantized "
-        "target's accuracy against the float eager model; null when not quantized.",
-    )
-    duration_s: float | None = None
-
-
 class EncoderReport(StrictModel):
     """An encoder-decoder model's encoder program (`encoder.pt2`), made beside the
     decoder (the job's `program.pt2`): traced, decomposed and verified as the program is."""
@@ -276,6 +257,12 @@ class GenerationReport(StrictModel):
         description='The program\'s inputs: `["input_ids", "cache_position"]`; an '
         'encoder-decoder model\'s decoder: `["decoder_input_ids", "encoder_hidden_states", '
         '"cache_position"]`.',
+    )
+    outputs: list[str] = Field(
+        default_factory=list,
+        description='The program\'s user outputs by name, in order: `["logits"]` ([batch, '
+        "tokens, vocabulary]), as the ONNX model names them; signature.json names them by "
+        "graph node (`view_55`). Empty in reports written before torchport said so.",
     )
     check: GenerationCheck | None = Field(
         default=None, description="The program's generation check; null when verify is off."
@@ -399,6 +386,11 @@ class ReportDocument(StrictModel):
     inputs: list[InputSummary] = Field(
         default_factory=list,
         description="The example inputs as loaded, written even when a later stage fails.",
+    )
+    weights: WeightsReport | None = Field(
+        default=None,
+        description="How the uploaded weights file was loaded; null without one, or when "
+        "loading it failed (the error says why).",
     )
     warnings: list[ReportWarning] = Field(default_factory=list)
     error: ErrorBody | None = None

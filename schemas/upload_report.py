@@ -1,6 +1,6 @@
 """The parts of `report.json` about what was uploaded: the example inputs as loaded, the
-checkpoint and the adapter merged into it, and what the program holds (re-exported by
-`schemas.report`)."""
+weights file, the checkpoint and the adapter merged into it, and what the program holds
+(re-exported by `schemas.report`)."""
 
 from __future__ import annotations
 
@@ -109,6 +109,40 @@ class CheckpointReport(StrictModel):
         default=None,
         description="The PEFT adapter merged into the model before export, if the zip held one.",
     )
+
+
+WEIGHTS_MAX_LISTED = 200
+"""Names listed in `WeightsReport.missing` and `.unexpected`; the counts have them all."""
+
+
+class WeightsReport(StrictModel):
+    """How the uploaded `weights` file was loaded into the model (options `weights`)."""
+
+    file: str = Field(description="The weights file's name as uploaded.")
+    format: Literal["safetensors", "pt"] = Field(
+        description="`pt`: a `torch.save` file (`.pt`, `.pth`), read with `weights_only=True`."
+    )
+    key: str | None = Field(
+        default=None,
+        description="The key of the file's top-level dict the state dict was read from (a "
+        'training checkpoint\'s "model_state", "state_dict", …, or option `weights.key`); '
+        "null: the file is the state dict.",
+    )
+    strict: bool = Field(description="Option `weights.strict`.")
+    tensors: int = Field(description="Tensors in the state dict read.")
+    loaded: int = Field(description="Of those, the tensors loaded into the model.")
+    missing: list[str] = Field(
+        default_factory=list,
+        description="The model's parameters and buffers the file lacks, left as the model "
+        f"initialized them (only with `strict: false`); at most {WEIGHTS_MAX_LISTED}.",
+    )
+    missing_count: int = 0
+    unexpected: list[str] = Field(
+        default_factory=list,
+        description="The file's tensors the model has no place for, not loaded (only with "
+        f"`strict: false`); at most {WEIGHTS_MAX_LISTED}.",
+    )
+    unexpected_count: int = 0
 
 
 class ModelSummary(StrictModel):

@@ -5,13 +5,16 @@ cd "$(dirname "$0")/.."
 
 # System packages: bubblewrap (the sandbox's outer layer), Chromium (browser tests),
 # docker-compose and kubectl (offline validation of the compose file and Kubernetes
-# manifests), g++ (the AOTInductor target compiles C++).
+# manifests), g++ (the AOTInductor target compiles C++), zip and curl (the commands of
+# docs/huggingface.md, which tests/test_cli_walkthrough.py runs).
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v chromium >/dev/null || need+=(chromium)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v kubectl >/dev/null || need+=(kubernetes-client)
 command -v g++ >/dev/null || need+=(g++)
+command -v zip >/dev/null || need+=(zip)
+command -v curl >/dev/null || need+=(curl)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
@@ -28,11 +31,11 @@ fi
 # not in it: pip would take timm's torchvision from PyPI, built for (and pulling in) a
 # CUDA torch. `pip install --dry-run -e '.[test,models]'` lists only torchport.
 pip install -q torch==2.13.0
-pip install -q -e '.[test,models,targets]'
+# `all`: the models and targets extras and what ExecuTorch imports (the README's set-up).
+pip install -q -e '.[test,all]'
 # ExecuTorch without its declared dependencies (coremltools, pandas, scikit-learn, … and
-# torch itself): what it needs to convert and run, pinned (docs/targets.md).
+# torch itself): what it needs to convert and run is in `all` (docs/targets.md).
 pip install -q --no-deps executorch==1.4.1 torchao==0.18.0
-pip install -q ruamel.yaml==0.19.1 tabulate==0.10.0
 if (($#)); then
   exec python -m pytest -q -p no:cacheprovider "$@"
 fi

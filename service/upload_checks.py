@@ -32,7 +32,9 @@ __all__ = [
 
 MODEL_SUFFIXES = (".py", ".zip")
 INPUTS_SUFFIXES = (".safetensors", ".pt", ".json")
-WEIGHTS_SUFFIXES = (".safetensors", ".pt")
+WEIGHTS_SUFFIXES = (".safetensors", ".pt", ".pth")
+"""`.pth` is a `torch.save` file like `.pt`: only the engine reads it, in the sandbox, with
+`weights_only=True`; the API never opens it."""
 CALIBRATION_SUFFIXES = (".safetensors", ".pt", ".json")
 
 

@@ -87,8 +87,13 @@ def test_kwargs_with_inplace_add(tmp_path: Path) -> None:
 
 
 def test_conv_batchnorm_preserving_conv2d(tmp_path: Path) -> None:
+    # The docs' model is in training mode: kept so (option training), batchnorm updates
+    # its running statistics, which the program returns as buffer mutations.
     options = json.dumps(
-        {"decomposition": {"mode": "core_aten", "preserve": ["aten.conv2d.default"]}}
+        {
+            "decomposition": {"mode": "core_aten", "preserve": ["aten.conv2d.default"]},
+            "training": "preserve",
+        }
     )
     code, report, out = export(tmp_path, "docs_conv_batchnorm.py", "--options", options)
     assert code == 0
@@ -102,6 +107,8 @@ def test_conv_batchnorm_preserving_conv2d(tmp_path: Path) -> None:
     example = report["verification"]["samples"][0]
     assert len(example["buffers"]) == 3 and all(b["passed"] for b in example["buffers"])
     assert_verified(report)
+    [warning] = [w for w in report["warnings"] if w["code"] == "model_in_training_mode"]
+    assert warning["details"]["exported_in"] == "training"
 
 
 def test_shared_batch_dimension(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from schemas import (
     Environment,
     GenerationCheck,
     GenerationReport,
+    GenerationRun,
     LatencyProfile,
     MachineProfile,
     ProfileReport,
@@ -101,6 +102,46 @@ def test_the_summary_says_whether_each_generation_matched(tmp_path: Path) -> Non
     [aoti] = [line for line in lines if line.startswith("Target aoti")]
     assert generation_text(differs) in aoti and "1" in generation_text(differs)
     assert any("64" in line for line in lines if line.startswith("Generation"))
+
+
+def test_the_summary_shows_the_prompts_and_which_restart_differs(tmp_path: Path) -> None:
+    example, second = list(range(10, 26)), [7, 8, 9]
+    restarts = [
+        GenerationRun(
+            prompt="second",
+            prompt_ids=second,
+            matched=False,
+            first_mismatch=2,
+            expected=[4, 5, 6],
+            generated=[4, 5, 9],
+        ),
+        GenerationRun(prompt="example", prompt_ids=example, matched=True),
+    ]
+    check = GenerationCheck(
+        max_new_tokens=3,
+        prompt_tokens=16,
+        matched=False,
+        prompt_ids=example,
+        expected=[1, 2, 3],
+        generated=[1, 2, 3],
+        runs=restarts,
+    )
+    report = ReportDocument(
+        status="failed",
+        generation=GenerationReport(max_cache_len=64, check=check),
+        environment=Environment(torchport="0", python="3", platform="linux"),
+    )
+    console = Console(record=True, width=300)
+    render_summary(report, console, tmp_path)
+    lines = console.export_text().splitlines()
+    [generation] = [line for line in lines if line.startswith("Generation")]
+    assert generation.endswith(generation_text(check))
+    # the token and the run (2: the second prompt) that differ, restarted at position 0
+    assert re.findall(r"\d+", generation_text(check)) == ["2", "2", "0"]
+    [prompts] = [line for line in lines if line.strip().startswith("prompts")]
+    assert "[10 11 12 13 14 15 16 17 …] (16 tokens)" in prompts and "[7 8 9] (3 tokens)" in prompts
+    passed = check.model_copy(update={"matched": True, "runs": restarts[1:]})
+    assert re.findall(r"\d+", generation_text(passed)) == ["3", "2", "1", "0"]
 
 
 def test_the_summary_shows_an_encoder_decoder_models_encoder(tmp_path: Path) -> None:

@@ -110,24 +110,41 @@ def render_job(job: JobPublic, console: Console) -> None:
         render_error(job.error, console)
 
 
+_JOB_COLUMNS = ("job", "status", "error", "seconds", "created", "model", "targets")
+
+
+def _job_cells(item: JobSummary) -> tuple[str, ...]:
+    status = status_text(item.status) + (f" ({markup(item.stage)})" if item.stage else "")
+    if item.cache_hit:
+        status += " (cache hit)"
+    return (
+        markup(item.id),
+        status,
+        markup(item.error.code) if item.error else "",
+        _seconds(item.created_at, item.finished_at),
+        _when(item.created_at),
+        markup(item.model_name or ""),
+        markup(", ".join(item.targets)),
+    )
+
+
 def render_jobs(items: list[JobSummary], console: Console) -> None:
-    """A page of job summaries, newest first."""
+    """A page of job summaries, newest first: a table where every cell fits whole on the
+    console's width; on a narrower one (80 columns), each job as its id then a line per
+    field (`status  failed (tracing)`) instead, so that no value is ever cut to "…"."""
     table = Table(title_justify="left")
-    table.add_column("job", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    for name in ("error", "seconds", "created", "model", "targets"):
-        table.add_column(name)
-    for item in items:
-        status = status_text(item.status) + (f" ({markup(item.stage)})" if item.stage else "")
-        if item.cache_hit:
-            status += " (cache hit)"
-        table.add_row(
-            markup(item.id),
-            status,
-            markup(item.error.code) if item.error else "",
-            _seconds(item.created_at, item.finished_at),
-            _when(item.created_at),
-            markup(item.model_name or ""),
-            markup(", ".join(item.targets)),
-        )
-    console.print(table)
+    for name in _JOB_COLUMNS:
+        table.add_column(name, no_wrap=True)
+    rows = [_job_cells(item) for item in items]
+    for row in rows:
+        table.add_row(*row)
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    for row in rows:
+        job, *rest = row
+        console.print(f"[bold]{job}[/]", soft_wrap=True)
+        for name, value in zip(_JOB_COLUMNS[1:], rest, strict=True):
+            if value:
+                console.print(f"  {name:<8} {value}", soft_wrap=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -101,6 +101,31 @@ def render_summary(
 
     if report.verification is not None and report.verification.samples:
         _render_verification(report, console)
+    render_verdicts(report, console)
+    render_artifact_table(report, console)
+    render_weights(report, console)
+
+    for warning in report.warnings:
+        message = markup(warning.message, multiline=True)
+        console.print(f"[yellow]warning[/] \\[{markup(warning.code)}] {message}")
+
+    if report.error is not None:
+        render_error(report.error, console)
+        if report.error.code == "weights_mismatch":
+            _render_mismatched_names(report.error.details, console)
+        for issue in report.draft_export or []:
+            where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
+            first_line = issue.message.splitlines()[0] if issue.message else ""
+            console.print(f"  draft-export issue: {markup(f'{issue.type}{where}: {first_line}')}")
+    else:
+        where = f" in {markup(out_dir)}" if out_dir is not None else ""
+        console.print(f"artifacts{where}: " + markup(", ".join(a.name for a in report.artifacts)))
+
+
+def render_verdicts(report: ReportDocument, console: Console) -> None:
+    """Whether the program verified against eager PyTorch, whether its generation matched
+    eager transformers (and its encoder's verdict), and each target's: a line each, as
+    `torchport export` and `torchport status` print them."""
     if report.verification is not None:
         console.print(f"Verification: {verdict_text(report.verification)}")
     if report.generation is not None:
@@ -109,6 +134,8 @@ def render_summary(
             f"Generation: static KV cache of {made.max_cache_len} tokens; "
             + (generation_text(made.check) if made.check else "not checked")
         )
+        if made.check is not None and made.check.prompt_ids:
+            console.print(f"  prompts: {prompts_text(made.check)}")
         if made.encoder is not None:
             encoder = made.encoder
             shape = ", ".join(str(size) for size in encoder.input_shape)
@@ -123,28 +150,88 @@ def render_summary(
         if target.generation is not None:
             checked += f", {generation_text(target.generation)}"
         console.print(f"Target {markup(name)}: {markup(target.status)}{checked}")
-    render_artifact_table(report, console)
 
-    for warning in report.warnings:
-        message = markup(warning.message, multiline=True)
-        console.print(f"[yellow]warning[/] \\[{markup(warning.code)}] {message}")
 
-    if report.error is not None:
-        render_error(report.error, console)
-        for issue in report.draft_export or []:
-            where = f" at {issue.location.file}:{issue.location.line}" if issue.location else ""
-            first_line = issue.message.splitlines()[0] if issue.message else ""
-            console.print(f"  draft-export issue: {markup(f'{issue.type}{where}: {first_line}')}")
-    else:
-        where = f" in {markup(out_dir)}" if out_dir is not None else ""
-        console.print(f"artifacts{where}: " + markup(", ".join(a.name for a in report.artifacts)))
+def render_weights(report: ReportDocument, console: Console) -> None:
+    """How the weights file was loaded, and the names a non-strict load left out
+    (`report.weights`): the first `MAX_NAMES` of each list, then how many more."""
+    weights = report.weights
+    if weights is None:
+        return
+    key = f" (key {markup(weights.key)})" if weights.key is not None else ""
+    mode = "" if weights.strict else ", not strict"
+    console.print(
+        f"Weights: {markup(weights.file)}{key}: {weights.loaded} of {weights.tensors} "
+        f"tensors loaded{mode}"
+    )
+    _print_names(console, "missing from the file", weights.missing, weights.missing_count)
+    _print_names(console, "not in the model", weights.unexpected, weights.unexpected_count)
+
+
+def _render_mismatched_names(details: dict[str, Any], console: Console) -> None:
+    """The names of a `weights_mismatch` (its details, a job's writing: checked here)."""
+    lists = (("missing from the file", "missing"), ("not in the model", "unexpected"))
+    for label, field in lists:
+        names = details.get(field)
+        if isinstance(names, list):
+            _print_names(console, label, [str(name) for name in names], len(names))
+    shapes = details.get("shape_mismatch")
+    if isinstance(shapes, list):
+        keys = [str(item.get("key")) for item in shapes if isinstance(item, dict)]
+        _print_names(console, "of another shape", keys, len(keys))
+
+
+MAX_NAMES = 20
+"""State-dict names printed per list; the count says how many there are."""
+
+
+def _print_names(console: Console, label: str, names: list[str], count: int) -> None:
+    if not count:
+        return
+    more = count - min(len(names), MAX_NAMES)
+    shown = ", ".join(names[:MAX_NAMES]) + (f", … and {more} more" if more > 0 else "")
+    console.print(f"  weights {label} ({count}): {markup(shown)}")
+
+
+MAX_PROMPT_IDS = 8
+"""Token ids printed per prompt; an ellipsis and the prompt's length stand for the rest."""
 
 
 def generation_text(check: GenerationCheck) -> str:
-    """A generation check in words."""
+    """A generation check in words: how many tokens from how many runs, and where a run
+    first differs (the later runs start again at position 0 on the same artifact)."""
+    runs = len(check.runs) + 1
     if check.matched:
-        return f"generation matches eager transformers ({check.max_new_tokens} tokens)"
-    return f"generation differs from eager transformers at token {check.first_mismatch}"
+        counted = (
+            f" from each of {runs} runs, {runs - 1} restarted at position 0" if runs > 1 else ""
+        )
+        return f"generation matches eager transformers ({check.max_new_tokens} tokens{counted})"
+    if check.first_mismatch is not None or not check.runs:
+        return f"generation differs from eager transformers at token {check.first_mismatch}"
+    failed = [(i, r) for i, r in enumerate(check.runs, start=2) if not r.matched]
+    if not failed:  # a report that says neither where: nothing more to print
+        return "generation differs from eager transformers"
+    number, run = failed[0]
+    return (
+        f"generation differs from eager transformers at token {run.first_mismatch} of run "
+        f"{number} ({markup(run.prompt)} prompt, restarted at position 0)"
+    )
+
+
+def prompts_text(check: GenerationCheck) -> str:
+    """The prompts the check ran, in order: their first token ids and lengths (an
+    encoder-decoder model's: its encoder input's, where they are token ids)."""
+    shown = [(check.prompt_ids, check.encoder_input_ids)] + [
+        (run.prompt_ids, run.encoder_input_ids) for run in check.runs
+    ]
+    parts = []
+    for prompt_ids, encoder_ids in shown:
+        ids = prompt_ids if encoder_ids is None else encoder_ids
+        head = " ".join(str(token) for token in ids[:MAX_PROMPT_IDS])
+        more = " …" if len(ids) > MAX_PROMPT_IDS else ""
+        label = "" if encoder_ids is None else "encoder input "
+        parts.append(f"{label}[{head}{more}] ({len(ids)} token{'' if len(ids) == 1 else 's'})")
+    return markup(", then ".join(parts))
 
 
 def verdict_text(verification: VerificationReport) -> str:

@@ -51,6 +51,15 @@ def _warm_up(**_: Any) -> None:
     global _presence
     if not runs_exports():
         return
+    # What the jobs can import (GET /v1/environment): this start's packages replace the
+    # record of the last one at once; the import checks, in a fresh interpreter from a
+    # thread of this process (never the zygote), fill it in once the sandbox started.
+    try:
+        from worker.environment import record
+
+        record(context(), cached_only=True)
+    except Exception:
+        logger.exception("could not describe this worker's environment")
     try:  # alive, busy or idle, for /metrics (persistence.worker_processes)
         from worker.presence import Presence
 
@@ -63,8 +72,7 @@ def _warm_up(**_: Any) -> None:
         context().runner()
     except Exception:
         logger.exception("could not start the sandbox runner; jobs will retry it")
-    # Then say what the jobs can import (GET /v1/environment): checked in a fresh
-    # interpreter from a thread of this process, never in the zygote.
+    # Then the checked description.
     try:
         from worker.environment import record_in_background
 

@@ -4,6 +4,12 @@ The API runs in another container and never imports torch, so it cannot look: ea
 worker process, once ready, describes the interpreter its jobs run in (`engine.libraries`:
 package metadata, and each model library imported in a fresh isolated interpreter, never
 in this process or the zygote) and records it per queue it consumes.
+
+At start (`worker.celery_app`), `record(cached_only=True)` replaces the record of an
+earlier start at once, from package metadata (the import checks only where their answers
+for exactly these distributions are kept): after a `pip install` the versions shown are
+the new ones from the start, not once the sandbox started and the checks ran (~40 s).
+`record_in_background` then records the checked description.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from worker.execution import WorkerContext
 logger = logging.getLogger(__name__)
 
 
-def record(context: WorkerContext, *, check: bool = True) -> None:
-    """Describe this worker's environment and record it for each of its queues."""
-    description = describe_environment(check=check)
+def record(context: WorkerContext, *, check: bool = True, cached_only: bool = False) -> None:
+    """Describe this worker's environment and record it for each of its queues
+    (`cached_only`: see `engine.libraries.describe_environment`)."""
+    description = describe_environment(check=check, cached_only=cached_only)
     for queue in context.settings.queue_list:
         record_environment(
             context.sessions,

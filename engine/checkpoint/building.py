@@ -98,12 +98,12 @@ def load_checkpoint(
         dynamic_shapes = None
         if choice.loader.auto_class in SEQ2SEQ_CLASSES:
             config.use_cache = False  # the plain forward on the user's inputs, as before
-    args, kwargs, outputs, buffers = prepare(
+    prepared = prepare(
         model,
         args,
         kwargs,
         weights=upload.weights,
-        device=options.device,
+        options=options,
         source_map=source_map,
         reference=reference,
     )
@@ -122,16 +122,18 @@ def load_checkpoint(
     )
     return LoadedModel(
         module=model,
-        args=args,
-        kwargs=kwargs,
+        args=prepared.args,
+        kwargs=prepared.kwargs,
         source_map=source_map,
         entry=CONFIG,
         module_name=type(model).__module__,
         module_dynamic_shapes=dynamic_shapes,
         dynamic_shapes_source="checkpoint",
-        eager_outputs=outputs,
-        eager_buffers=buffers,
+        eager_outputs=prepared.outputs,
+        eager_buffers=prepared.buffers,
         device=options.device,
+        weights=prepared.weights,
+        warnings=prepared.warnings,
         checkpoint=report,
         generation=generation,
         strict=True if generation is not None else None,

@@ -13,7 +13,7 @@ import torch
 
 from schemas import GenerationCheck
 
-__all__ = ["Step", "cached_tokens", "check", "eager_tokens"]
+__all__ = ["Step", "cached_tokens", "check", "eager_tokens", "first_difference"]
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """One call of a static-cache program: (input_ids, cache_position) → logits."""
@@ -49,17 +49,24 @@ def cached_tokens(step: Step, prompt: torch.Tensor, max_new_tokens: int) -> list
     return tokens
 
 
+def first_difference(expected: list[int], generated: list[int]) -> int | None:
+    """The index of the first token where the lists differ (a missing token counts);
+    None when they are equal."""
+    mismatch = next(
+        (i for i, (a, b) in enumerate(zip(expected, generated, strict=False)) if a != b), None
+    )
+    if mismatch is None and len(generated) != len(expected):
+        mismatch = min(len(generated), len(expected))
+    return mismatch
+
+
 def check(
     expected: list[int], generate: Callable[[], list[int]], prompt_tokens: int
 ) -> GenerationCheck:
     """Run `generate` and compare its tokens with `expected`."""
     started = time.perf_counter()
     generated = generate()
-    mismatch = next(
-        (i for i, (a, b) in enumerate(zip(expected, generated, strict=False)) if a != b), None
-    )
-    if mismatch is None and len(generated) != len(expected):
-        mismatch = min(len(generated), len(expected))
+    mismatch = first_difference(expected, generated)
     return GenerationCheck(
         max_new_tokens=len(expected),
         prompt_tokens=prompt_tokens,

@@ -2,11 +2,17 @@
 
 ONNX has no mutable state, so the `onnx` target of a generation-ready export is its own
 program, traced here from the transformers model: inputs `input_ids`,
-`attention_mask` and `past_key_values.{i}.key|value`, outputs `logits` and
-`present.{i}.key|value`, as optimum names them (`text-generation-with-past`). Dims:
-`batch_size`, `sequence_length`, `past_sequence_length` (0 at the prefill: empty past
-tensors) and `total_sequence_length` (the mask: past and new tokens). The present
-tensors are the past ones with the new tokens appended, fed back as the next past.
+`attention_mask`, `position_ids` and `past_key_values.{i}.key|value`, outputs `logits`
+and `present.{i}.key|value`, as optimum names them (`text-generation-with-past`; its
+`ORTModelForCausalLM` calls a model without `position_ids` legacy) and in the order
+onnxruntime-genai's model builder writes them. Dims: `batch_size`, `sequence_length`
+(`input_ids` and `position_ids`), `past_sequence_length` (0 at the prefill: empty past
+tensors) and `total_sequence_length` (the mask: past and new tokens). `position_ids` are
+the new tokens' positions (`past_sequence_length + 0…sequence_length-1` without padding,
+as optimum derives them from the mask); the model's rotary or learned position
+embeddings read them. A model whose forward takes no `position_ids` (ALiBi models) has
+no such input. The present tensors are the past ones with the new tokens appended, fed
+back as the next past.
 
 An encoder-decoder model's decoder (`DecoderWithPast`) is traced the same way with its
 self-attention cache: inputs `input_ids`, `encoder_hidden_states` and
@@ -25,9 +31,17 @@ from typing import Any
 
 import torch
 
-from engine.generation.ready import Encoder, Generation
+from engine.generation.ready import Encoder, Generation, Prompt
 
-__all__ = ["DecoderWithPast", "PastProgram", "WithPast", "past_program", "past_tokens"]
+__all__ = [
+    "DecoderWithPast",
+    "PastProgram",
+    "WithPast",
+    "WithPastNoPositions",
+    "past_program",
+    "past_tokens",
+    "takes_positions",
+]
 
 EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_NEW = 2, 8, 4
 MAX_BATCH = 64
@@ -60,17 +74,51 @@ class WithPast(_Past):
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
         past_key_values: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        cache = self._cache(past_key_values)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        present = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        return out.logits, present
+        return _with_past(self, input_ids, attention_mask, past_key_values, position_ids)
+
+
+class WithPastNoPositions(_Past):
+    """`WithPast` for a model whose forward takes no `position_ids`."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        past_key_values: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        return _with_past(self, input_ids, attention_mask, past_key_values)
+
+
+def _with_past(
+    wrapper: _Past,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    past_key_values: list[tuple[torch.Tensor, torch.Tensor]],
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    extra = {} if position_ids is None else {"position_ids": position_ids}
+    out = wrapper.model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        past_key_values=wrapper._cache(past_key_values),
+        use_cache=True,
+        **extra,
+    )
+    present = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    return out.logits, present
+
+
+def takes_positions(model: torch.nn.Module) -> bool:
+    """Whether `model`'s forward takes `position_ids` (most decoders; not ALiBi ones)."""
+    import inspect
+
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class DecoderWithPast(_Past):
@@ -113,6 +161,8 @@ class PastProgram:
     past_dtype: torch.dtype
     task: str = "text-generation-with-past"
     """The ONNX model's `torchport.task` metadata, as optimum names the task."""
+    positions: bool = False
+    """Whether the model has a `position_ids` input (after `attention_mask`)."""
 
 
 @torch.no_grad()
@@ -130,36 +180,54 @@ def past_program(generation: Generation) -> PastProgram:
     prefill = model(input_ids=ids, use_cache=True)
     past = [(layer.keys.clone(), layer.values.clone()) for layer in prefill.past_key_values.layers]
     layers = len(past)
+    positions = takes_positions(model)
     kwargs: dict[str, Any] = {
         "input_ids": ids[:, :EXAMPLE_NEW].clone(),
         "attention_mask": torch.ones(EXAMPLE_BATCH, EXAMPLE_PAST + EXAMPLE_NEW, dtype=torch.long),
-        "past_key_values": past,
     }
+    if positions:
+        kwargs["position_ids"] = _positions(EXAMPLE_BATCH, EXAMPLE_PAST, EXAMPLE_NEW)
+    kwargs["past_key_values"] = past
     limit = generation.max_cache_len
     batch = torch.export.Dim("batch_size", min=1, max=MAX_BATCH)
     sequence = torch.export.Dim("sequence_length", min=1, max=limit)
     past_length = torch.export.Dim("past_sequence_length", min=0, max=limit)
     # The mask's length is the past's plus the new tokens'; torch cannot declare a sum of
     # two dims, and the model does not tie them: its own symbol, named below.
-    shapes = {
+    shapes: dict[str, Any] = {
         "input_ids": {0: batch, 1: sequence},
         "attention_mask": {0: batch, 1: torch.export.Dim.AUTO},
-        "past_key_values": [({0: batch, 2: past_length}, {0: batch, 2: past_length})] * layers,
     }
+    if positions:
+        shapes["position_ids"] = {0: batch, 1: sequence}
+    shapes["past_key_values"] = [({0: batch, 2: past_length}, {0: batch, 2: past_length})] * layers
+    wrapper = WithPast(model) if positions else WithPastNoPositions(model)
     program = torch.export.export(
-        WithPast(model), (), kwargs, dynamic_shapes=shapes, strict=False
+        wrapper, (), kwargs, dynamic_shapes=shapes, strict=False
     ).run_decompositions()
-    inputs = ["input_ids", "attention_mask"] + [
-        f"past_key_values.{i}.{part}" for i in range(layers) for part in ("key", "value")
-    ]
+    inputs = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
+    inputs += [f"past_key_values.{i}.{part}" for i in range(layers) for part in ("key", "value")]
     outputs = ["logits"] + [
         f"present.{i}.{part}" for i in range(layers) for part in ("key", "value")
     ]
-    names = _dim_names(program, layers)
+    names = _dim_names(program, first_past=3 if positions else 2)
     key = past[0][0]
     return PastProgram(
-        program, kwargs, inputs, outputs, names, layers, (key.shape[1], key.shape[3]), key.dtype
+        program,
+        kwargs,
+        inputs,
+        outputs,
+        names,
+        layers,
+        (key.shape[1], key.shape[3]),
+        key.dtype,
+        positions=positions,
     )
+
+
+def _positions(batch: int, past: int, new: int) -> torch.Tensor:
+    """`position_ids` of `new` tokens after `past` ones, every row alike (no padding)."""
+    return torch.arange(past, past + new, dtype=torch.long).repeat(batch, 1)
 
 
 def _decoder_past_program(generation: Generation, encoder: Encoder) -> PastProgram:
@@ -249,7 +317,7 @@ def _symbols(
     return found
 
 
-def _dim_names(program: torch.export.ExportedProgram, layers: int) -> dict[str, str]:
+def _dim_names(program: torch.export.ExportedProgram, first_past: int) -> dict[str, str]:
     values = [
         node.meta["val"]
         for node in program.graph.nodes
@@ -261,7 +329,7 @@ def _dim_names(program: torch.export.ExportedProgram, layers: int) -> dict[str, 
         if isinstance(size, torch.SymInt):
             names.setdefault(str(size.node.expr), label)
 
-    ids, mask, key = values[0], values[1], values[2]
+    ids, mask, key = values[0], values[1], values[first_past]
     name(ids.shape[0], "batch_size")
     name(ids.shape[1], "sequence_length")
     name(key.shape[2], "past_sequence_length")
@@ -283,25 +351,34 @@ def past_tokens(
     made: PastProgram,
     generation: Generation,
     encoder_flat: FlatRunner | None = None,
+    prompt: Prompt | None = None,
 ) -> list[int]:
-    """Greedy tokens of the ONNX model: the prompt with an empty past, then one token at
-    a time with the presents fed back as the past. An encoder-decoder model's decoder
-    starts from its start token, fed `encoder_flat`'s output (the ONNX encoder's)."""
-    prompt = generation.prompt
+    """Greedy tokens of the ONNX model from `prompt` (the example prompt when None): the
+    prompt with an empty past, then one token at a time with the presents fed back as
+    the past and the next `position_ids`. An encoder-decoder model's decoder starts from
+    its start token, fed `encoder_flat`'s output on the prompt's encoder input (the ONNX
+    encoder's)."""
+    if prompt is None:
+        prompt = generation.prompts()[0]
+    batch = prompt.ids.shape[0]
     heads, head_dim = made.past_shape
-    empty = torch.zeros(prompt.shape[0], heads, 0, head_dim, dtype=made.past_dtype)
+    empty = torch.zeros(batch, heads, 0, head_dim, dtype=made.past_dtype)
     past = [(empty, empty) for _ in range(made.layers)]
     hidden = None
     if generation.encoder is not None:
         assert encoder_flat is not None, "an encoder-decoder model's ONNX needs its encoder"
-        hidden = encoder_flat((), dict(generation.encoder.kwargs))[-1]
-    ids = prompt
+        assert prompt.source is not None, "an encoder-decoder prompt has an encoder input"
+        hidden = encoder_flat((), dict(prompt.source))[-1]
+    ids = prompt.ids
     tokens: list[int] = []
     for _ in range(generation.max_new_tokens):
         if hidden is None:
-            length = past[0][0].shape[2] + ids.shape[1]
-            mask = torch.ones(prompt.shape[0], length, dtype=torch.long)
-            feed = {"input_ids": ids, "attention_mask": mask, "past_key_values": past}
+            done = past[0][0].shape[2]
+            mask = torch.ones(batch, done + ids.shape[1], dtype=torch.long)
+            feed: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+            if made.positions:
+                feed["position_ids"] = _positions(batch, done, ids.shape[1])
+            feed["past_key_values"] = past
         else:
             feed = {"input_ids": ids, "encoder_hidden_states": hidden, "past_key_values": past}
         outputs = list(flat((), feed))

@@ -1,11 +1,20 @@
 """A decoder-only transformers model made generation-ready: the static-cache wrapper,
 its example inputs and dynamic shapes; and what the generation checks need, for it and
-for an encoder-decoder model (`Generation`, `Encoder`; built in `seq2seq`)."""
+for an encoder-decoder model (`Generation`, `Encoder`, `Prompt`; built in `seq2seq`).
+
+The wrapper refuses a `cache_position` outside the cache (`bound_cache`): transformers'
+recipe writes the new keys and values at those positions, which past the cache is an
+`IndexError` deep in the program, or error `0x12` of an `index_put` in ExecuTorch. The
+check is an `aten._assert_async.msg` node of the program (no host synchronisation on an
+accelerator), so `program.pt2` and `model.aoti.pt2` raise a `RuntimeError` with
+`CACHE_BOUND_MESSAGE`; ExecuTorch removes assertion nodes when it lowers, so `model.pte`
+keeps its runtime's own bounds check (`0x12`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -14,9 +23,13 @@ from schemas import GenerationOptions
 from schemas.options import DEFAULT_MAX_CACHE_LEN
 
 __all__ = [
+    "CACHE_BOUND_MESSAGE",
     "PROMPT_TOKENS",
+    "SECOND_PROMPT_TOKENS",
     "Encoder",
     "Generation",
+    "Prompt",
+    "bound_cache",
     "cache_len",
     "make_ready",
     "no_static_cache",
@@ -24,6 +37,15 @@ __all__ = [
 
 PROMPT_TOKENS = 16
 """Length of the example prompt (batch 1): the prefill the program is traced with."""
+SECOND_PROMPT_TOKENS = 7
+"""Length of the check's second prompt: shorter than the example, so the cache still
+holds the first run's keys and values beyond it when it starts again at position 0."""
+CACHE_BOUND_MESSAGE = (
+    "torchport: cache_position must lie in 0…{last}: the static KV cache holds "
+    "max_cache_len = {size} tokens. Start a new sequence at position 0, or export with a "
+    "larger generation.max_cache_len."
+)
+"""The program's error for a position outside the cache (`bound_cache`)."""
 STAGE = "loading"
 
 
@@ -52,9 +74,22 @@ class Encoder:
         return out
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What one run of the generation check starts from."""
+
+    name: str
+    """`example` (the example prompt) or `second` (the second prompt)."""
+    ids: torch.Tensor
+    """The decoder's prompt [1, n]: a decoder-only model's prompt, an encoder-decoder
+    model's decoder start token."""
+    source: dict[str, torch.Tensor] | None = None
+    """An encoder-decoder model's encoder input for this run (its encoder's kwargs)."""
+
+
 @dataclass
 class Generation:
-    """What checks a generation-ready program: the eager model and the example prompt."""
+    """What checks a generation-ready program: the eager model and the prompts."""
 
     model: torch.nn.Module
     """The transformers model inside the wrapper (eager, dynamic cache when run alone)."""
@@ -63,11 +98,22 @@ class Generation:
     decoder-only model, the decoder start token of an encoder-decoder one."""
     max_new_tokens: int
     max_cache_len: int
-    expected: list[int] | None = None
-    """Eager transformers' tokens, once computed (`checks.expected_tokens`)."""
     encoder: Encoder | None = None
     """An encoder-decoder model's encoder program (`seq2seq`); the job's program is then
     its decoder, which takes `encoder_hidden_states`."""
+    second: Prompt | None = None
+    """The second prompt: `SECOND_PROMPT_TOKENS` other seeded tokens (an
+    encoder-decoder model: the start token, with another encoder input)."""
+    references: dict[str, list[int]] = field(default_factory=dict)
+    """Eager transformers' tokens per prompt name, once computed (`checks.reference`)."""
+
+    def prompts(self) -> list[Prompt]:
+        """The check's runs, in order on one loaded program or artifact: the example
+        prompt, then the second prompt and the example again, each started again at
+        position 0 over what the run before left in the cache."""
+        source = None if self.encoder is None else self.encoder.kwargs
+        example = Prompt("example", self.prompt, source)
+        return [example] if self.second is None else [example, self.second, example]
 
     def runner_metadata(self) -> dict[str, Any]:
         """The constant methods ExecuTorch's LLM runner reads from a `.pte`, as
@@ -83,6 +129,79 @@ class Generation:
             "use_sdpa_with_kv_cache": False,
             "enable_dynamic_shape": True,
         }
+
+
+class _BoundedLM(torch.nn.Module):
+    """A decoder-only static-cache wrapper (transformers' `TorchExportableModuleWith…Cache`)
+    that refuses positions outside its cache (`bound_cache`)."""
+
+    torchport_max_cache_len: int
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache_position: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert cache_position is not None, "the static cache needs cache_position"
+        _assert_in_cache(cache_position, self.torchport_max_cache_len)
+        out: torch.Tensor = super().forward(
+            input_ids=input_ids, inputs_embeds=inputs_embeds, cache_position=cache_position
+        )
+        return out
+
+
+class _BoundedDecoder(torch.nn.Module):
+    """An encoder-decoder model's static-cache decoder wrapper that refuses positions
+    outside its cache (`bound_cache`)."""
+
+    torchport_max_cache_len: int
+
+    def forward(
+        self,
+        decoder_input_ids: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        cache_position: torch.Tensor,
+    ) -> torch.Tensor:
+        _assert_in_cache(cache_position, self.torchport_max_cache_len)
+        out: torch.Tensor = super().forward(
+            decoder_input_ids, encoder_hidden_states, cache_position
+        )
+        return out
+
+
+def _assert_in_cache(cache_position: torch.Tensor, size: int) -> None:
+    inside = ((cache_position >= 0) & (cache_position < size)).all()
+    torch._assert_async(inside, CACHE_BOUND_MESSAGE.format(last=size - 1, size=size))
+
+
+_BOUNDED: dict[tuple[type, type], type] = {}
+"""The bounded subclass made for each (wrapper class, mixin): one class per wrapper type."""
+
+
+def _bounded_class(cls: type, mixin: type) -> type:
+    key = (cls, mixin)
+    if key not in _BOUNDED:
+        _BOUNDED[key] = type(f"Bounded{cls.__name__}", (mixin, cls), {"__module__": __name__})
+    return _BOUNDED[key]
+
+
+def bound_cache(wrapper: torch.nn.Module, max_cache_len: int) -> torch.nn.Module:
+    """`wrapper` (transformers' static-cache wrapper, decoder-only or an encoder-decoder
+    model's decoder) made to check `0 <= cache_position < max_cache_len` before it
+    writes the cache. Its class becomes a subclass of its own whose `forward` checks
+    and calls the original: the buffers keep their names (`key_cache_{i}`, …)."""
+    decoder = "decoder_input_ids" in _parameters(type(wrapper).forward)
+    mixin = _BoundedDecoder if decoder else _BoundedLM
+    wrapper.__class__ = _bounded_class(type(wrapper), mixin)
+    cast(_BoundedLM | _BoundedDecoder, wrapper).torchport_max_cache_len = max_cache_len
+    return wrapper
+
+
+def _parameters(function: Any) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(function).parameters)
 
 
 def _max_positions(config: Any) -> int | None:
@@ -168,10 +287,11 @@ def make_ready(
     finally:
         if generation_config is not None and saved is not None:
             generation_config.cache_implementation, generation_config.use_cache = saved
-    wrapper: torch.nn.Module = recipe.model
+    wrapper = bound_cache(recipe.model, max_cache_len)
     vocab = getattr(config, "vocab_size", None) or 2
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, PROMPT_TOKENS), generator=generator)
+    second = torch.randint(0, vocab, (1, SECOND_PROMPT_TOKENS), generator=generator)
     kwargs = {"input_ids": prompt, "cache_position": torch.arange(PROMPT_TOKENS)}
     sequence = {"name": "sequence_length", "min": 1, "max": max_cache_len}
     shapes = {"input_ids": {"1": sequence}, "cache_position": {"0": "sequence_length"}}
@@ -180,5 +300,6 @@ def make_ready(
         prompt=prompt,
         max_new_tokens=options.max_new_tokens,
         max_cache_len=max_cache_len,
+        second=Prompt("second", second),
     )
     return wrapper.eval(), generation, kwargs, shapes

@@ -20,8 +20,11 @@ import torch
 
 from engine.generation.ready import (
     PROMPT_TOKENS,
+    SECOND_PROMPT_TOKENS,
     Encoder,
     Generation,
+    Prompt,
+    bound_cache,
     cache_len,
     no_static_cache,
 )
@@ -34,6 +37,7 @@ __all__ = [
     "decoder_start",
     "eager_seq2seq_tokens",
     "make_seq2seq_ready",
+    "second_source",
 ]
 
 DECODER_EXAMPLE_TOKENS = 4
@@ -121,7 +125,20 @@ def make_decoder(model: torch.nn.Module, config: Any, max_cache_len: int) -> tor
     finally:
         if added:
             del model.lm_head
-    return wrapper.eval()
+    return bound_cache(wrapper, max_cache_len).eval()
+
+
+def second_source(
+    encoder: Encoder, vocab: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """The encoder input of the check's second prompt: `SECOND_PROMPT_TOKENS` other token
+    ids (text), or other features of the example's shape (speech: a fixed window)."""
+    if encoder.input_name == "input_ids":
+        return {
+            "input_ids": torch.randint(0, vocab, (1, SECOND_PROMPT_TOKENS), generator=generator)
+        }
+    example = encoder.kwargs[encoder.input_name]
+    return {encoder.input_name: torch.randn(example.shape, generator=generator)}
 
 
 def _is_speech(model: torch.nn.Module) -> bool:
@@ -174,6 +191,7 @@ def make_seq2seq_ready(
     decoder = make_decoder(model, config, max_cache_len)
     start = decoder_start(model)
     more = torch.randint(0, vocab, (1, DECODER_EXAMPLE_TOKENS - 1), generator=generator)
+    other = second_source(encoder, vocab, generator)
     kwargs = {
         "decoder_input_ids": torch.cat([torch.tensor([[start]]), more], dim=1),
         "encoder_hidden_states": encoder.hidden_states(),
@@ -193,5 +211,6 @@ def make_seq2seq_ready(
         max_new_tokens=options.max_new_tokens,
         max_cache_len=max_cache_len,
         encoder=encoder,
+        second=Prompt("second", torch.tensor([[start]]), other),
     )
     return decoder, generation, kwargs, shapes

@@ -17,13 +17,13 @@ importing this package costs nothing; `missing(name)` says which are absent (it 
 
 `run_target` is what the pipeline calls: convert, load, verify with the pipeline's own
 verification code (`engine.verification.verify` with a runner), and describe it all as a
-`TargetResult`; it never raises for a failing target.
+`TargetResult`; it never raises for a failing target, nor for one over its time budget
+(`engine.time_budget`). How a target fails is `engine.targets.failures`'.
 """
 
 from __future__ import annotations
 
 import importlib
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,29 +32,38 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from engine import profiling, verification
+from engine import profiling, time_budget, verification
 from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
-from engine.generation import Generation, checked, onnx_past, runner_check
+from engine.generation import (
+    Generation,
+    mismatch_details,
+    mismatch_text,
+    onnx_check,
+    onnx_past,
+    runner_check,
+)
 from engine.quantization import Quantizing, accuracy, refusal, takes
 from engine.target_requirements import REQUIRES, missing
-from engine.targets import encoders, failed_ops
+from engine.targets import encoders, failures
+from engine.targets.failures import HINTS as _HINTS
+from engine.targets.failures import TargetError, clean
 from schemas import (
-    ErrorBody,
     ExportOptions,
     GenerationCheck,
     TargetResult,
     VerificationReport,
     VerifyOptions,
 )
-from schemas.outcomes import error_body
 from schemas.version import __version__
 
 __all__ = [
     "INSTALL_HINTS",
     "ORDER",
     "REQUIRES",
+    "_HINTS",
     "FlatRunner",
     "TargetError",
+    "clean",
     "missing",
     "run_target",
     "skipped",
@@ -80,18 +89,6 @@ INSTALL_HINTS = {
     "executorch": f"Install the `targets` extra on the worker ({_EXTRA}), then "
     f"{EXECUTORCH_INSTALL}.",
 }
-
-
-class TargetError(Exception):
-    """A target that cannot be produced or does not run, with what to do about it."""
-
-    def __init__(
-        self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        self.details = details or {}
 
 
 def _module(name: str) -> Any:
@@ -135,6 +132,7 @@ def run_target(
     progress: Callable[[str], None] | None = None,
     profiled: dict[str, profiling.Subject] | None = None,
     quantizing: Quantizing | None = None,
+    budget_s: float | None = None,
 ) -> TargetResult:
     """Convert, load and verify one target; the result says how it went.
 
@@ -142,7 +140,8 @@ def run_target(
         name: `onnx`, `aoti` or `executorch`.
         program: the final program (the one saved as program.pt2).
         traced: the program before `run_decompositions` (ExecuTorch lowers from it:
-            XNNPACK delegates more of it, linear stays linear).
+            XNNPACK delegates more of it, linear stays linear; ONNX converts it when it
+            has ops ONNX runs natively: LSTM, GRU, RNN, attention).
         pristine: the eager module, never run itself (verification deep-copies it).
         args, kwargs: the example inputs the program was exported with.
         out_dir: where the artifact is written, under its name in `TARGET_ARTIFACTS`.
@@ -162,6 +161,8 @@ def run_target(
         quantizing: option `quantize`: the artifact is quantized, verified against the
             float eager model within the accuracy budget, and its accuracy is added to
             `quantizing.report` (a budget missed fails verification, not the target).
+        budget_s: the seconds it may take, all of it (`engine.time_budget.limit`); over
+            them it fails (`target_failed`, `details.reason` `timeout`), its files removed.
     """
     path = out_dir / TARGET_ARTIFACTS[name]
     facts: dict[str, Any] = {}
@@ -173,136 +174,152 @@ def run_target(
     encoder_files: list[Path] = []
     started = time.perf_counter()
     duration: float | None = None
-    try:
-        absent = missing(name)
-        if absent:
-            raise TargetError(
-                f"{name}: this worker lacks {', '.join(absent)}",
-                hint=INSTALL_HINTS[name],
-                details={"missing": absent},
-            )
-        if quantizing is not None and not takes(name, quantizing.scheme):
-            message, hint, details = refusal(name, quantizing.scheme)
-            raise TargetError(message, hint=hint, details=details)
-        target = _module(name)
-        source = traced if name == "executorch" else program
-        if quantizing is not None and name in ("executorch", "aoti"):
-            source = quantizing.program(name)
-        settings = _settings(name, options, program, pristine, args, kwargs, names)
-        if onnx_external_threshold is not None and name == "onnx":
-            settings["external_threshold"] = onnx_external_threshold
-        with_past = None
-        if generation is not None and name == "onnx":
-            with_past = onnx_past.past_program(generation)
-            settings["metadata"]["torchport.task"] = with_past.task
-            source, args, kwargs = with_past.program, (), with_past.kwargs
-            settings.update(
-                input_names=with_past.input_names,
-                output_names=with_past.output_names,
-                dim_names=with_past.dim_names,
-            )
-        if generation is not None and name == "executorch":
-            settings["constant_methods"] = generation.runner_metadata()
-            if encoder is not None:
-                settings.update(encoders.executorch_settings(encoder))
-        target.convert(source, args, kwargs, path, facts=facts, **settings)
-        if quantizing is not None and name == "onnx":
-            from engine.quantization import onnx_runtime
+    phase = ["converting"]  # what it was doing when its budget ran out
 
-            onnx_runtime.quantize(
-                path,
-                dynamic=quantizing.scheme == "int8_dynamic",
-                input_names=facts.get("inputs") or [],
-                calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
-                accept=quantizing.accepts_outputs,
-                fallbacks=quantizing.fallbacks.setdefault(name, []),
-            )
+    def told(what: str) -> None:
+        phase[0] = what
         if progress is not None:
-            progress("loading")
-        flat = target.load(path, source, **_loading(name, settings, facts))
-        if progress is not None:
-            progress("verifying")
-        encoder_flat = None
-        if encoder is not None:
-            encoder_flat, encoder_files = encoders.convert(
-                name, target, encoder, path, settings, facts
-            )
-        duration = time.perf_counter() - started
-        notes += target.notes(facts)
-        if not options.verify.enabled:
-            check = VerificationReport(enabled=False)
-            notes.append("not verified: verify.enabled is false")
-        elif with_past is not None:
-            notes.append(
-                "verified by generation only: model.onnx takes the KV cache as inputs and "
-                "returns it, a program of its own beside program.pt2"
-            )
-        elif quantizing is not None:
-            samples = 0 if generation is not None else options.verify.samples
-            check, measured = accuracy.measure(
-                structured_runner(flat, program),
-                program,
-                pristine,
-                args,
-                kwargs,
-                quantizing.options,
-                samples=samples,
-                names=names,
-            )
-            assert quantizing.report is not None
-            quantizing.report.targets[name] = measured.model_copy(
-                update={"method": quantizing.method(name)}
-            )
-        else:
-            tolerances = _tolerances(name, options)
-            if generation is not None:  # the example's prefill, then generation
-                tolerances = tolerances.model_copy(update={"samples": 0})
-            check = verification.verify(
-                program,
-                pristine,
-                args,
-                kwargs,
-                tolerances,
-                runner=structured_runner(flat, program),
-                names=names,
-                memory_mb=options.memory_mb,
-            )
-        if check is not None and check.passed is False:
-            raised, where = _first_failure(check)
-            if raised:
+            progress(what)
+
+    try:
+        with time_budget.limit(budget_s):
+            absent = missing(name)
+            if absent:
                 raise TargetError(
-                    f"{path.name} fails in its runtime {where}",
-                    hint=f"The {name} runtime rejected an input the program accepts; see "
-                    f"targets.{name}.verification for the sample and its shapes.",
+                    f"{name}: this worker lacks {', '.join(absent)}",
+                    hint=INSTALL_HINTS[name],
+                    details={"missing": absent},
                 )
-            if quantizing is None:  # else outside the budget: `quantization_inaccurate`
-                raise TargetError(
-                    f"{path.name} does not match eager PyTorch {where}",
-                    hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
-                    "difference is numerical noise of this runtime's kernels.",
+            if quantizing is not None and not takes(name, quantizing.scheme):
+                message, hint, details = refusal(name, quantizing.scheme)
+                raise TargetError(message, hint=hint, details=details)
+            target = _module(name)
+            source = traced if name == "executorch" else program
+            if quantizing is not None and name in ("executorch", "aoti"):
+                source = quantizing.program(name)
+            settings = _settings(name, options, program, pristine, args, kwargs, names)
+            if onnx_external_threshold is not None and name == "onnx":
+                settings["external_threshold"] = onnx_external_threshold
+            with_past = None
+            if generation is not None and name == "onnx":
+                with_past = onnx_past.past_program(generation)
+                settings["metadata"]["torchport.task"] = with_past.task
+                source, args, kwargs = with_past.program, (), with_past.kwargs
+                settings.update(
+                    input_names=with_past.input_names,
+                    output_names=with_past.output_names,
+                    dim_names=with_past.dim_names,
                 )
-        if encoder is not None and encoder_flat is not None and options.verify.enabled:
-            encoder_check = encoders.verify(encoder, encoder_flat, _tolerances(name, options))
-            if encoder_check.passed is False:
-                _, where = _first_failure(encoder_check)
-                raise TargetError(
-                    f"the {name} encoder does not match the eager encoder {where}",
-                    hint=f"Look at targets.{name}.encoder; raise verify.atol/rtol if the "
-                    "difference is numerical noise of this runtime's kernels.",
-                    details={"program": "encoder"},
+            if name == "onnx" and with_past is None:  # its native ops (onnx.convert)
+                settings["undecomposed"] = traced
+            if generation is not None and name == "executorch":
+                settings["constant_methods"] = generation.runner_metadata()
+                if encoder is not None:
+                    settings.update(encoders.executorch_settings(encoder))
+            target.convert(source, args, kwargs, path, facts=facts, **settings)
+            if quantizing is not None and name == "onnx":
+                from engine.quantization import onnx_runtime
+
+                onnx_runtime.quantize(
+                    path,
+                    dynamic=quantizing.scheme == "int8_dynamic",
+                    input_names=facts.get("inputs") or [],
+                    calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
+                    accept=quantizing.accepts_outputs,
+                    fallbacks=quantizing.fallbacks.setdefault(name, []),
                 )
-        if options.verify.enabled and generation is not None:
-            generated = _generation_check(flat, generation, with_past, encoder_flat)
-            if quantizing is not None:
-                accuracy.record_tokens(quantizing.report, name, generated)
-            elif not generated.matched:
-                raise TargetError(
-                    f"{path.name} generates other tokens than eager transformers from "
-                    f"generated token {generated.first_mismatch} on",
-                    hint=f"See targets.{name}.generation for both token lists.",
-                    details={"reason": "generation_mismatch"},
+            told("loading")
+            flat = target.load(path, source, **_loading(name, settings, facts))
+            told("verifying")
+            encoder_flat = None
+            if encoder is not None:
+                encoder_flat, encoder_files = encoders.convert(
+                    name, target, encoder, path, settings, facts
                 )
-    except Exception as exc:
+            duration = time.perf_counter() - started
+            own = target.notes(facts)
+            notes += own
+            if not options.verify.enabled:
+                check = VerificationReport(enabled=False)
+                notes.append("not verified: verify.enabled is false")
+            elif with_past is not None:
+                notes.append(
+                    "verified by generation only: model.onnx takes the KV cache as inputs and "
+                    "returns it, a program of its own beside program.pt2"
+                )
+            elif quantizing is not None:
+                samples = 0 if generation is not None else options.verify.samples
+                check, measured = accuracy.measure(
+                    structured_runner(flat, program),
+                    program,
+                    pristine,
+                    args,
+                    kwargs,
+                    quantizing.options,
+                    samples=samples,
+                    names=names,
+                )
+                assert quantizing.report is not None
+                quantizing.report.targets[name] = measured.model_copy(
+                    update={"method": quantizing.method(name)}
+                )
+            else:
+                tolerances = _tolerances(name, options)
+                if generation is not None:  # the example's prefill, then generation
+                    tolerances = tolerances.model_copy(update={"samples": 0})
+                check = verification.verify(
+                    program,
+                    pristine,
+                    args,
+                    kwargs,
+                    tolerances,
+                    runner=structured_runner(flat, program),
+                    names=names,
+                    memory_mb=options.memory_mb,
+                )
+            if check is not None and check.passed is False:
+                raised, where = failures.first_failure(check)
+                kept = None
+                if raised and options.target_range == "verified" and quantizing is None:
+                    kept = failures.narrowed(check, name)
+                if kept is not None:  # kept for the range it ran: the refusals are skipped
+                    check, facts["verified_range"] = kept
+                    notes[: len(own)] = target.notes(facts)
+                elif raised:
+                    refused = failures.refusal(
+                        name, path.name, check, where, getattr(target, "bound", None)
+                    )
+                    facts["verified_range"] = refused.details.get("verified_range", {})
+                    notes[: len(own)] = target.notes(facts)
+                    raise refused
+                elif quantizing is None:  # else outside the budget: `quantization_inaccurate`
+                    raise TargetError(
+                        f"{path.name} does not match eager PyTorch {where}",
+                        hint=f"Look at targets.{name}.verification; raise verify.atol/rtol if the "
+                        "difference is numerical noise of this runtime's kernels.",
+                    )
+            if encoder is not None and encoder_flat is not None and options.verify.enabled:
+                encoder_check = encoders.verify(encoder, encoder_flat, _tolerances(name, options))
+                if encoder_check.passed is False:
+                    _, where = failures.first_failure(encoder_check)
+                    raise TargetError(
+                        f"the {name} encoder does not match the eager encoder {where}",
+                        hint=f"Look at targets.{name}.encoder; raise verify.atol/rtol if the "
+                        "difference is numerical noise of this runtime's kernels.",
+                        details={"program": "encoder"},
+                    )
+            if options.verify.enabled and generation is not None:
+                generated = _generation_check(flat, generation, with_past, encoder_flat)
+                if quantizing is not None:
+                    accuracy.record_tokens(quantizing.report, name, generated)
+                elif not generated.matched:
+                    raise TargetError(
+                        f"{path.name} generates other tokens than eager transformers "
+                        + mismatch_text(generated),
+                        hint=f"See targets.{name}.generation for both token lists.",
+                        details={"reason": "generation_mismatch", **mismatch_details(generated)},
+                    )
+    except (Exception, time_budget.TargetTimeout) as exc:
         if duration is None:
             duration = time.perf_counter() - started
         for written in [*_files(name, path), *_encoder_files(name, path)]:
@@ -315,7 +332,11 @@ def run_target(
             generation=generated,
             notes=notes,
             details=facts,
-            error=_error(name, exc),
+            error=(
+                failures.timeout(name, budget_s or 0.0, phase=phase[0])
+                if isinstance(exc, time_budget.TargetTimeout)
+                else failures.error(name, exc)
+            ),
         )
     if profiled is not None:
         profiled[name] = profiling.target_subject(
@@ -352,9 +373,7 @@ def _generation_check(
 ) -> GenerationCheck:
     if with_past is None:
         return runner_check(flat, generation, encoder_flat)
-    return checked(
-        generation, lambda: onnx_past.past_tokens(flat, with_past, generation, encoder_flat)
-    )
+    return onnx_check(flat, with_past, generation, encoder_flat)
 
 
 def skipped(reason: str) -> TargetResult:
@@ -434,56 +453,3 @@ def _encoder_names(name: str) -> list[str]:
 
 def _encoder_files(name: str, path: Path) -> list[Path]:
     return [path.with_name(each) for each in _encoder_names(name)]
-
-
-def _error(name: str, exc: BaseException) -> ErrorBody:
-    if isinstance(exc, TargetError):
-        message, hint, details = exc.message, exc.hint, dict(exc.details)
-    else:
-        lines = clean(str(exc)).strip().splitlines()
-        message = f"{name}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-        hint = _HINTS[name]
-        details = {"exception": type(exc).__name__}
-    details.update(failed_ops.named_op(exc))
-    details["target"] = name
-    return error_body("target_failed", message, hint=hint, stage="converting", details=details)
-
-
-_HINTS = {
-    "onnx": "The ONNX exporter has no translation for an op of this program, or a "
-    "single-file model is over 2 GB (protobuf's limit: set onnx.external_data); see the "
-    "message. program.pt2 is unaffected.",
-    "aoti": "AOTInductor could not compile or load this program; see the message. "
-    "program.pt2 is unaffected.",
-    "executorch": "ExecuTorch could not lower or run this program (an op without an "
-    "ExecuTorch kernel, or a dynamic dim without an upper bound); see the message. "
-    "program.pt2 is unaffected.",
-}
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def clean(text: str) -> str:
-    """`text` without terminal colour codes (converters colour their messages)."""
-    return _ANSI.sub("", text)
-
-
-def _first_failure(check: VerificationReport) -> tuple[bool, str]:
-    """Whether the first failed sample raised in the runtime, and where and how it failed."""
-    for sample in check.samples:
-        if sample.status != "failed":
-            continue
-        shapes = ", ".join(f"{k} {list(v)}" for k, v in sample.input_shapes.items())
-        where = f"on sample {sample.label!r} ({shapes})" if shapes else f"on {sample.label!r}"
-        for out in sample.outputs:
-            if not out.passed:
-                return False, (
-                    f"{where}: {out.path or 'the output'} {out.message or 'differs'} "
-                    f"(max abs error {out.max_abs_error}, atol {out.atol}, rtol {out.rtol})"
-                )
-        reason = sample.reason or ""
-        if reason.startswith(verification.EXPORTED_RAISED):
-            return True, f"{where}: {clean(reason.removeprefix(verification.EXPORTED_RAISED))}"
-        return False, f"{where}: {reason}"
-    return False, "(verification failed)"

@@ -9,13 +9,21 @@ README), imported here only when called.
 What runs and what is written (for a sandbox profile): the `flatc` binary executorch
 ships (`executorch/data/bin/flatc`; `$FLATC_EXECUTABLE` or `flatc` on PATH when the
 package has none), reading and writing temporary schema and JSON files in `$TMPDIR`;
-then `path`. Loading and running execute nothing.
+then `path`. Loading and running execute nothing. A call the runtime refuses is repeated
+once with its log caught (`sys.stderr`, and fd 2 on a temporary file in `$TMPDIR`): the
+error names the bound the log says it met.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +32,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["THREAD_SETTINGS", "convert", "load", "notes", "runtime"]
+__all__ = ["THREAD_SETTINGS", "bound", "convert", "load", "notes", "runtime"]
 
 THREAD_SETTINGS = ("executorch.threadpool",)
 """What `load(threads=...)` sets: the process's one ExecuTorch thread pool (XNNPACK's)."""
@@ -147,17 +155,78 @@ def load(
             leaf.detach().contiguous() if isinstance(leaf, torch.Tensor) else leaf
             for leaf in pytree.tree_leaves((tuple(args), dict(kwargs)))
         ]
-        outputs = loaded.execute(leaves)
+        try:
+            outputs = loaded.execute(leaves)
+        except RuntimeError as exc:
+            said = _logged(lambda: loaded.execute(leaves))
+            if not said:
+                raise
+            raise RuntimeError(f"{str(exc).strip()} (the runtime: {' '.join(said)})") from exc
         return [out.clone() if isinstance(out, torch.Tensor) else out for out in outputs]
 
     return run
 
 
+MAX_LOG = 1 << 16
+"""Of what the runtime logs while a refused call is repeated, what is read back."""
+_BOUND = re.compile(r"maximum capacity of (\d+) elements to (\d+) elements")
+_INPUT = re.compile(r"at input (\d+)")
+
+
+def _logged(call: Callable[[], object]) -> list[str]:
+    """What the runtime logs while `call` runs again (its error says only `error 0x10`;
+    the log says why): its non-empty lines, passed on to stderr too (the job's log keeps
+    them). The Python bindings log through `sys.stderr`, a runtime built otherwise to fd 2:
+    both are caught. Repeating the call is what reads the log without redirecting stderr
+    around every successful call (profiles time them)."""
+    sys.stderr.flush()
+    python = io.StringIO()
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        try:
+            os.dup2(sink.fileno(), 2)
+            with contextlib.redirect_stderr(python), contextlib.suppress(Exception):
+                call()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        text = python.getvalue()[:MAX_LOG] + sink.read(MAX_LOG).decode(errors="replace")
+    with contextlib.suppress(Exception):
+        sys.stderr.write(text)
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def bound(message: str) -> dict[str, Any] | None:
+    """The memory plan's bound a refused input met, from the runtime's message: the
+    tensor's `capacity` and the elements `requested` (and the method's `input_index`)."""
+    found = _BOUND.search(message)
+    if found is None:
+        return None
+    parsed: dict[str, Any] = {"capacity": int(found[1]), "requested": int(found[2])}
+    at = _INPUT.search(message)
+    if at is not None:
+        parsed["input_index"] = int(at[1])
+    return parsed
+
+
 def notes(facts: dict[str, Any]) -> list[str]:
     """What a deployment should know."""
-    found = [
+    limits = (
         "Dynamic dims run only up to their declared max (the runtime plans memory for "
-        "it and refuses larger inputs); the inputs are the leaves of (args, kwargs) in order.",
+        "it and refuses larger inputs)"
+    )
+    verified = facts.get("verified_range")
+    if verified is not None:
+        from engine.targets.failures import describe
+
+        ran = describe(verified)
+        limits = (
+            "The runtime refused inputs inside the declared dynamic range (its memory plan "
+            f"bounds them lower): verified for {ran or 'the example'} only"
+        )
+    found = [
+        f"{limits}; the inputs are the leaves of (args, kwargs) in order.",
         f"XNNPACK runs {facts.get('delegated', 0)} delegated subgraph(s)",
     ]
     portable = facts.get("portable_ops") or {}

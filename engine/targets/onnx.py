@@ -4,6 +4,15 @@ Needs onnx and onnxscript to convert, onnxruntime to run; all imported here only
 called. Nothing is executed besides Python: the converter writes only `path` and, with
 external data, `path` + `.data` beside it.
 
+When the program before `run_decompositions` (`undecomposed`) calls `NATIVE_OPS`, that
+one is converted, as `torch.onnx.export(module)` itself does: the exporter decomposes it
+with its own table, which keeps every op it has an ONNX translation for, so `nn.LSTM` /
+`nn.GRU` become ONNX `LSTM` / `GRU` nodes (torch_lib), `nn.RNN` ONNX `RNN` nodes
+(`engine.targets.onnx_rnn`) and `scaled_dot_product_attention` ONNX `Attention` from
+opset 23, where the core ATen program unrolls every time step and spells attention out
+in matmuls. Other programs, and those the exporter fails on undecomposed, are converted
+decomposed, as `program.pt2` is.
+
 The model carries the user's names (`engine.targets.onnx_names`, `engine.dim_names`):
 inputs as `forward`'s parameters, outputs as the output structure, dynamic dims as the
 dynamic-shapes spec declared them; and in `metadata_props` the torchport version and,
@@ -19,13 +28,17 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from engine.targets.onnx_metadata import strip_node_metadata
+
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
+    "NATIVE_OPS",
     "PROTOBUF_LIMIT",
     "THREAD_SETTINGS",
     "companions",
     "convert",
     "load",
+    "native_ops",
     "notes",
     "runtime",
 ]
@@ -67,6 +80,7 @@ def convert(
     dtype: str = "float32",
     external_data: bool | str = "auto",
     external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    undecomposed: torch.export.ExportedProgram | None = None,
 ) -> Path:
     """Write `program` as an ONNX model to `path` (and its weights to `path.data` when
     they are saved as external data).
@@ -77,8 +91,8 @@ def convert(
         path: the file to write.
         facts: filled with `opset`, `inputs` and `outputs` (the ONNX names),
             `input_shapes` and `output_shapes` (dims by name), `dynamic_dims`, `dtype`,
-            `external_data`, `initializer_bytes`, `metadata`, the `onnx` and `onnxscript`
-            versions.
+            `external_data`, `initializer_bytes`, `metadata`, `native_ops` (the
+            `NATIVE_OPS` kept whole), the `onnx` and `onnxscript` versions.
         input_names: one per graph input (the tensor leaves of the inputs, in order).
         output_names: one per user output (the program's output leaves, in order).
         dim_names: torch's symbol → the user's dim name.
@@ -88,6 +102,9 @@ def convert(
             outputs stay float32).
         external_data: `auto` (above `external_threshold` bytes of weights), True, False.
         external_threshold: the `auto` threshold in bytes.
+        undecomposed: `program` before `run_decompositions`; converted instead when it
+            has `NATIVE_OPS` (the exporter keeps them as single ONNX nodes), and
+            `program` only if the exporter fails on it (`facts["native_ops_failed"]`).
 
     Returns:
         `path`.
@@ -95,21 +112,35 @@ def convert(
     import onnx
     import onnxscript
 
-    from engine.targets import TargetError
+    from engine.targets import TargetError, onnx_rnn
 
-    try:
-        exported = torch.onnx.export(
-            program,
+    def export(source: torch.export.ExportedProgram) -> Any:
+        return torch.onnx.export(
+            _without_mistranslated(source),
             tuple(args),
             kwargs=dict(kwargs) or None,
             dynamo=True,
+            custom_translation_table=dict(onnx_rnn.TRANSLATIONS),
             external_data=False,
             optimize=True,
             opset_version=opset,
             verbose=False,  # else it prints its progress to stdout
         )
-    except Exception as exc:
-        raise _conversion_error(exc) from exc
+
+    natives = native_ops(undecomposed) if undecomposed is not None else []
+    exported, fallback = None, None
+    if undecomposed is not None and natives:
+        try:
+            exported = export(undecomposed)
+        except Exception as exc:  # e.g. a view of a kept op's output torch's meta kernel
+            # lays out otherwise than eager did: the decomposed program may still convert
+            fallback = str(_conversion_error(exc))
+            natives = []
+    if exported is None:
+        try:
+            exported = export(program)
+        except Exception as exc:
+            raise _conversion_error(exc) from exc
     assert exported is not None  # dynamo=True always returns the program
     written = exported.model.opset_imports.get("", None)
     if opset is not None and written != opset:
@@ -142,8 +173,11 @@ def convert(
         )
     for stale in companions(path):
         stale.unlink(missing_ok=True)
+    strip_node_metadata(model)
     exported.save(str(path), external_data=external)
     if facts is not None:
+        if fallback is not None:
+            facts["native_ops_failed"] = fallback
         facts.update(
             opset=model.opset_imports.get("", None),
             inputs=[value.name for value in model.graph.inputs],
@@ -159,6 +193,7 @@ def convert(
             dtype=dtype,
             external_data=external,
             initializer_bytes=weights,
+            native_ops=natives,
             metadata=dict(model.metadata_props),
             onnx=onnx.__version__,
             onnxscript=onnxscript.__version__,
@@ -220,12 +255,72 @@ def notes(facts: dict[str, Any]) -> list[str]:
     ]
     if facts.get("external_data"):
         out.append("The weights are in model.onnx.data: keep it beside model.onnx under that name.")
+    if facts.get("native_ops_failed"):
+        out.append(
+            "Converted from the decomposed program (recurrent layers unrolled, attention "
+            "as matmuls): the exporter failed on the program with them whole: "
+            + str(facts["native_ops_failed"])
+        )
     if facts.get("dtype") == "float16":
         out.append(
             "float16 weights and computation; inputs and outputs stay float32. Verified "
             "with the float16 tolerances (verify.atol/rtol when set)."
         )
     return out
+
+
+NATIVE_OPS = frozenset(
+    {
+        torch.ops.aten.lstm.input,
+        torch.ops.aten.gru.input,
+        torch.ops.aten.rnn_tanh.input,
+        torch.ops.aten.rnn_relu.input,
+        torch.ops.aten.scaled_dot_product_attention.default,
+    }
+)
+"""Ops the core ATen decomposition unrolls or spells out that ONNX has single nodes for:
+`LSTM`, `GRU`, `RNN` (`engine.targets.onnx_rnn`) and, from opset 23, `Attention`."""
+
+
+def native_ops(program: torch.export.ExportedProgram) -> list[str]:
+    """The `NATIVE_OPS` called in `program` (its subgraphs included), by name."""
+    return sorted(
+        {
+            str(node.target)
+            for module in program.graph_module.modules()
+            if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes
+            if node.op == "call_function" and node.target in NATIVE_OPS
+        }
+    )
+
+
+def _without_mistranslated(
+    program: torch.export.ExportedProgram,
+) -> torch.export.ExportedProgram:
+    """`program` with the ops torch_lib would translate into a broken model decomposed
+    first: an LSTM with `proj_size` (ONNX `LSTM` has no projection; torch_lib's node
+    for it makes a model ONNX Runtime refuses to load), unrolled as `core_aten` does."""
+    lstm = torch.ops.aten.lstm.input
+    nodes = [
+        node
+        for module in program.graph_module.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+        if node.op == "call_function" and node.target is lstm
+    ]
+    if not any(_projected(node) for node in nodes):
+        return program
+    return program.run_decompositions({lstm: torch.export.default_decompositions()[lstm]})
+
+
+def _projected(node: torch.fx.Node) -> bool:
+    """Whether an `aten.lstm.input` node has a projection: 5 weights per layer and
+    direction with biases (3 without) where a plain LSTM has 4 (2)."""
+    _, _, params, has_biases, num_layers, _, _, bidirectional, *_ = node.args
+    assert isinstance(params, Sequence) and isinstance(num_layers, int)
+    plain = (4 if has_biases else 2) * num_layers * (2 if bidirectional else 1)
+    return len(params) != plain
 
 
 def _dims(value: Any) -> list[int | str | None]:

@@ -81,7 +81,8 @@ UPLOAD_BODY: dict[str, Any] = {
                     "weights": {
                         "type": "string",
                         "format": "binary",
-                        "description": "A state dict: .safetensors or .pt.",
+                        "description": "A state dict (or a training checkpoint holding one): "
+                        ".safetensors, .pt or .pth.",
                     },
                     "calibration": {
                         "type": "string",

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine.generation import greedy
+from engine.generation.ready import CACHE_BOUND_MESSAGE
 from tests.engine.test_checkpoints import export, zip_directory
 
 transformers = pytest.importorskip("transformers")
@@ -77,6 +78,15 @@ def test_a_llama_checkpoint_exports_with_a_static_cache_and_generates(tmp_path: 
     assert check is not None and check.matched and check.first_mismatch is None
     assert check.max_new_tokens == 16 and len(check.generated) == 16
     assert check.generated == check.expected
+    # a second prompt and the example again, each from position 0 on the same program
+    assert len(check.prompt_ids) == 16
+    assert [(run.prompt, len(run.prompt_ids), run.matched) for run in check.runs] == [
+        ("second", 7, True),
+        ("example", 16, True),
+    ]
+    # this model's reference from the example prompt is nearly constant (one token 11 of 16)
+    warned = [w.details for w in report.warnings if w.code == "generation_nearly_constant"]
+    assert [(w["prompt"], w["count"]) for w in warned] == [("example", 11)]
     # the example (a prefill of 16 tokens) is the one sample; no random cache positions
     assert report.verification is not None and report.verification.verdict == "verified"
     assert [s.label for s in report.verification.samples] == ["example"]
@@ -97,6 +107,10 @@ def test_a_llama_checkpoint_exports_with_a_static_cache_and_generates(tmp_path: 
     assert greedy.cached_tokens(
         lambda ids, pos: module(input_ids=ids, cache_position=pos), prompt, 8
     ) == greedy.eager_tokens(eager, prompt, 8)
+    # a position past the cache is refused with the bound, not an IndexError deep inside
+    with pytest.raises(RuntimeError) as raised:
+        module(input_ids=prompt[:, :1], cache_position=torch.tensor([64]))
+    assert str(raised.value) == CACHE_BOUND_MESSAGE.format(last=63, size=64)
 
 
 def test_the_cache_length_and_token_count_are_options(tmp_path: Path) -> None:
@@ -217,6 +231,18 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
         assert target.generation is not None, name
         assert target.generation.matched, (name, target.generation)
         assert target.generation.expected == report.generation.check.expected
+        # the second prompt and the restart ran on the loaded artifact too
+        assert target.generation.runs == report.generation.check.runs, name
+    # past max_cache_len: AOTInductor raises the program's error; ExecuTorch removes
+    # assertions and its runtime refuses the index (error 0x12)
+    from torch._inductor import aoti_load_package
+
+    aoti = aoti_load_package(str(tmp_path / "out" / "model.aoti.pt2"))
+    size = report.generation.max_cache_len
+    past = {"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([size])}
+    with pytest.raises(RuntimeError) as raised:
+        aoti(**past)
+    assert CACHE_BOUND_MESSAGE.format(last=size - 1, size=size) in str(raised.value)
     # ExecuTorch's LLM runner reads these constant methods from the .pte
     from executorch.runtime import Runtime
 
@@ -224,6 +250,8 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
     assert pte.load_method("get_max_seq_len").execute([]) == [report.generation.max_cache_len]
     assert pte.load_method("use_kv_cache").execute([]) == [True]
     assert report.targets["executorch"].details["constant_methods"]["get_n_layers"] == 2
+    with pytest.raises(RuntimeError, match="0x12"):
+        pte.load_method("forward").execute(list(past.values()))
     return report.targets["onnx"].details
 
 
@@ -231,7 +259,7 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
 @pytest.mark.timeout(600)  # three conversions of a generation-ready LLM on 2 shared cores
 def test_a_tiny_llama_generates_the_same_tokens_in_every_target(tmp_path: Path) -> None:
     facts = _target_generation(tmp_path, llama(tmp_path))
-    assert facts["inputs"] == ["input_ids", "attention_mask"] + [
+    assert facts["inputs"] == ["input_ids", "attention_mask", "position_ids"] + [
         f"past_key_values.{i}.{part}" for i in (0, 1) for part in ("key", "value")
     ]
     assert facts["outputs"] == ["logits"] + [
@@ -239,6 +267,7 @@ def test_a_tiny_llama_generates_the_same_tokens_in_every_target(tmp_path: Path) 
     ]
     assert facts["input_shapes"]["input_ids"] == ["batch_size", "sequence_length"]
     assert facts["input_shapes"]["attention_mask"] == ["batch_size", "total_sequence_length"]
+    assert facts["input_shapes"]["position_ids"] == ["batch_size", "sequence_length"]
     assert facts["input_shapes"]["past_key_values.0.key"][2] == "past_sequence_length"
     assert facts["output_shapes"]["present.0.key"][2] == "past_sequence_length + sequence_length"
     assert facts["metadata"]["torchport.task"] == "text-generation-with-past"

@@ -92,6 +92,13 @@ def test_a_t5_checkpoint_exports_an_encoder_and_a_cached_decoder(tmp_path: Path)
     check = made.check
     assert check is not None and check.matched and check.generated == check.expected
     assert check.max_new_tokens == 16 and len(set(check.expected)) >= 3
+    # each run's encoder input is recorded: the example's, another one, the example again
+    assert check.prompt_ids == [0] and len(check.encoder_input_ids or []) == 16
+    assert [(r.prompt, len(r.encoder_input_ids or []), r.matched) for r in check.runs] == [
+        ("second", 7, True),
+        ("example", 16, True),
+    ]
+    assert check.runs[0].expected != check.expected
     verified = made.encoder.verification
     assert verified is not None and verified.verdict == "verified" and verified.checked >= 3
     # samples over the encoder's length, by its name
@@ -141,6 +148,8 @@ def test_a_whisper_checkpoint_exports_a_speech_encoder_and_a_cached_decoder(
     assert made.max_cache_len == 48  # the decoder's context (max_target_positions)
     check = made.check
     assert check is not None and check.matched and len(set(check.expected)) >= 3
+    assert [r.prompt for r in check.runs] == ["second", "example"]  # other features second
+    assert check.encoder_input_ids is None and all(r.matched for r in check.runs)
 
 
 def test_the_test_models_depend_on_what_they_have_seen(tmp_path: Path) -> None:

@@ -44,9 +44,19 @@ def print_refusal(exc: TorchportError, as_json: bool, console: Console) -> int:
         return EXIT_REFUSED
     message = markup(exc.message, multiline=True)
     console.print(f"[bold red]error[/] \\[{markup(exc.code)}] {message}")
+    errors = exc.body.details.get("errors") if exc.body is not None else None
+    # an invalid option: what the server says of each (an option's allowed values)
+    for item in errors[:MAX_ERRORS_SHOWN] if isinstance(errors, list) else []:
+        if isinstance(item, dict) and item.get("message"):
+            field = markup(item.get("field") or "")
+            console.print(f"  {field}: {markup(item['message'], multiline=True)}")
     if exc.body is not None and exc.body.hint:
         console.print(f"[bold]hint:[/] {markup(exc.body.hint, multiline=True)}")
     return EXIT_REFUSED
+
+
+MAX_ERRORS_SHOWN = 10
+"""The validation errors of a refusal printed in the terminal (`--json` has them all)."""
 
 
 def job_exit_code(status: str) -> int:
@@ -64,6 +74,10 @@ def follow(job: Job, console: Console, *, timeout: float | None, quiet: bool) ->
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from schemas import STAGES
+    from torchport.progress_lines import ProgressLines
+
+    # no terminal (a log, a pipe): the bar draws nothing, so each stage is a line
+    lines = None if quiet or console.is_terminal else ProgressLines(console)
 
     with Progress(
         TextColumn("{task.description}"),
@@ -78,6 +92,8 @@ def follow(job: Job, console: Console, *, timeout: float | None, quiet: bool) ->
         def on_event(event: Any) -> None:
             done = STAGES.index(event.stage) if event.stage in STAGES else 0
             bar.update(task, completed=done, description=f"{name} {event.stage or event.status}")
+            if lines is not None:
+                lines(event.stage or event.status, event.message)
 
         job.wait(timeout=timeout, on_event=on_event)
         bar.update(task, completed=len(STAGES), description=f"{name} {job.status}")

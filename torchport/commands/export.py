@@ -25,7 +25,9 @@ from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocum
 from schemas.outcomes import error_body, validation_items
 from torchport.checkpoints import UnusableAdapter, upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
+from torchport.progress_lines import ProgressLines
 from torchport.summary import render_summary
+from torchport.tasks import UnknownTask
 from torchport.terminal import json_text, markup
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -190,7 +192,10 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         raw["dynamic_shapes"] = _json_argument(args.dynamic_shapes, "--dynamic-shapes")
     if args.strict:
         raw["strict"] = True
-    requires_of(args, raw)
+    try:
+        requires_of(args, raw)
+    except UnknownTask as exc:
+        raise _UsageError(exc.body) from exc
     # The deprecated `options.callback_url` is the service's (a job's callback): accepted
     # in shared options files, meaningless here.
     raw.pop("callback_url", None)
@@ -226,6 +231,8 @@ class _Exporter:
         self.refused: str | None = None
         self._starting: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self.lines = ProgressLines(err)
+        """Progress as lines where stderr is no terminal (a log, a pipe)."""
 
     def __enter__(self) -> _Exporter:
         if self.args.no_sandbox:
@@ -266,6 +273,8 @@ class _Exporter:
         if self._starting is None:
             return
         if self._starting.is_alive():
+            if not self.err.is_terminal:  # a log: a line, not a spinner drawn nowhere
+                self.lines("sandbox", "starting the sandbox")
             with self.err.status("starting the sandbox", spinner="dots"):
                 self._starting.join()
         if self._failure is not None:
@@ -286,6 +295,8 @@ class _Exporter:
             def on_progress(event: Progress) -> None:
                 # the job's own words: shown as text, never run
                 status.update(f"[bold]{markup(event.stage)}[/] {markup(event.message)}")
+                if not self.err.is_terminal:  # the spinner draws nothing there
+                    self.lines(event.stage, event.message)
 
             if self.args.no_sandbox:
                 return self._in_process(model, out, on_progress)

@@ -1,5 +1,6 @@
-"""`torchport status ID`: one job of a server — status, stages, artifacts, error — or, with
-`--wait`, followed to its end.
+"""`torchport status ID`: one job of a server — status, stages, artifacts, error and, once
+it ended with a report, whether it verified and its generation matched — or, with `--wait`,
+followed to its end.
 
 Exit codes (docs/contract.md §8): 0 succeeded, queued or running; 1 failed or canceled (or
 `--wait` timed out); 2 refused (`not_found`, …) or the server unreachable.
@@ -8,9 +9,13 @@ Exit codes (docs/contract.md §8): 0 succeeded, queued or running; 1 failed or c
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from schemas import ReportDocument
 from torchport.commands.connection import (
     EXIT_FAILED,
     add_server_arguments,
@@ -20,6 +25,9 @@ from torchport.commands.connection import (
     print_refusal,
 )
 from torchport.terminal import json_text, markup
+
+if TYPE_CHECKING:
+    from torchport.client import Job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +54,29 @@ def run(args: argparse.Namespace) -> int:
         except TimeoutError as exc:
             err.print(f"torchport status: {markup(exc)}")
             return EXIT_FAILED
-    if args.json:
-        print(json_text(job.data))
-    else:
-        render_job(job.data, Console())
+        if args.json:
+            print(json_text(job.data))
+        else:
+            render_job(job.data, Console())
+            _render_report_verdicts(job, err)
     return job_exit_code(job.status)
+
+
+def _render_report_verdicts(job: Job, err: Console) -> None:
+    """Once the job ended with a report.json: whether the program verified, whether its
+    generation matched eager transformers, each target's verdict (its report's words, as
+    `torchport export` prints them). A report that cannot be fetched or read is said on
+    stderr; the job itself was printed."""
+    from torchport.client import TorchportError
+    from torchport.summary import UnreadableDocument, read_document, render_verdicts
+
+    if not job.done or "report.json" not in {a.name for a in job.data.artifacts}:
+        return
+    with tempfile.TemporaryDirectory(prefix="torchport-report-") as tmp:
+        try:
+            job.download(tmp, names=["report.json"])
+            report = read_document(ReportDocument, Path(tmp) / "report.json")
+        except (TorchportError, UnreadableDocument) as exc:
+            err.print(f"torchport status: report.json: {markup(exc)}")
+            return
+    render_verdicts(report, Console())

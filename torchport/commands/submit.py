@@ -34,6 +34,7 @@ from torchport.commands.connection import (
 from torchport.commands.upload_options import add_upload_arguments, requires_of
 from torchport.job_view import human_size, render_error
 from torchport.summary import UnreadableDocument, read_document, render_summary
+from torchport.tasks import UnknownTask
 from torchport.terminal import json_text, markup, visible
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         options = _options(args)
+    except UnknownTask as exc:
+        return _print_usage_error(exc.body, args.json, console)
     except (OSError, ValueError) as exc:
         console.print(f"torchport submit: bad --options/--dynamic-shapes: {markup(exc)}")
         return EXIT_REFUSED

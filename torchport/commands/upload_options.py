@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from torchport.tasks import contract_task
+
 
 def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, its inputs, weights and calibration files, and the export options
@@ -18,8 +20,26 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--task",
-        help="for a checkpoint: the task to export for, e.g. fill-mask, text-generation "
+        help="for a checkpoint: the task to export for, e.g. fill-mask, text-generation; "
+        "optimum's names (text-generation-with-past, causal-lm, …) are taken too "
         "(default: inferred from config.architectures)",
+    )
+    parser.add_argument(
+        "--max-cache-len",
+        type=int,
+        metavar="N",
+        help="for a checkpoint that generates (text-generation, text2text-generation): "
+        "tokens its static KV cache holds, 32 to "
+        "8192 (sets the options' generation.max_cache_len; default 1024, or the model's "
+        "context when shorter)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="for a checkpoint that generates: tokens generated greedily to check each "
+        "artifact against eager transformers, 1 to 256 (sets the options' "
+        "generation.max_new_tokens; default 16)",
     )
     parser.add_argument(
         "--adapter",
@@ -30,7 +50,7 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
         "checkpoint's own adapter sub-folders",
     )
     parser.add_argument("--inputs", type=Path, help="example inputs: .safetensors, .pt or .json")
-    parser.add_argument("--weights", type=Path, help="state dict: .safetensors or .pt")
+    parser.add_argument("--weights", type=Path, help="state dict: .safetensors, .pt or .pth")
     parser.add_argument(
         "--calibration",
         type=Path,
@@ -78,10 +98,22 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
 
 def requires_of(args: argparse.Namespace, options: dict[str, Any]) -> None:
     """Add the `--requires` of the command line to the options' `requires`, its
-    `--target`s to the options' `targets`, `--task` as the options' `task` and
-    `--profile`/`--no-profile` as `profile.enabled`, `--quantize` as `quantize.scheme`."""
+    `--target`s to the options' `targets`, `--task` as the options' `task` (optimum's
+    name of a task as the contract's), `--max-cache-len` and `--max-new-tokens` to
+    `generation`, `--profile`/`--no-profile` as `profile.enabled`, `--quantize` as
+    `quantize.scheme`.
+
+    Raises:
+        UnknownTask: `--task` names no task (its `body` is the usage error).
+    """
     if args.task:
-        options["task"] = args.task
+        options["task"] = contract_task(args.task)
+    flags = {"max_cache_len": args.max_cache_len, "max_new_tokens": args.max_new_tokens}
+    chosen = {key: value for key, value in flags.items() if value is not None}
+    generation = options.get("generation", {})
+    # Anything but an object is left as it is, for the options' validation to refuse.
+    if chosen and isinstance(generation, dict):
+        options["generation"] = {**generation, **chosen}
     if args.target:
         existing = options.get("targets", [])
         if isinstance(existing, list):

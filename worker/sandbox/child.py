@@ -271,6 +271,10 @@ def run_export_job(root: str) -> int:
         out_dir=out_dir,
         work_dir=work_dir,
         digest_artifacts=False,  # the worker hashes what it accepts (results.finish)
+        # The worker's own limit; stopped by it, the job is what its provisional report
+        # says (results.finish delivers it).
+        time_limit_s=float(spec["timeout_s"]) if spec.get("timeout_s") else None,
+        provisional_report=True,
     )
 
     def progress(p: Any) -> None:

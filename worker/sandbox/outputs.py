@@ -81,10 +81,12 @@ class Accepted:
 
 
 def take_outputs(
-    produced: Path, settings: SandboxSettings, into: Path | None = None
+    produced: Path, settings: SandboxSettings, into: Path | None = None, report: str = REPORT
 ) -> Accepted | None:
     """A job's outputs, checked as untrusted data: regular files (no links), size
     limits, documents validated against their schemas, the program a zip archive.
+    `report`: the report read (`PROVISIONAL_REPORT`: what a job stopped by its time limit
+    wrote last), with the same limits and checks as `report.json`.
 
     After the job's exit (`into` None) they are taken where they are. While it is
     still exiting, each is copied into `into` (out of the job's reach) as it is
@@ -104,19 +106,19 @@ def take_outputs(
         shutil.rmtree(into, ignore_errors=True)
         into.mkdir(mode=0o700, parents=True)
     limits = {
-        REPORT: (s.max_report_bytes, s.max_report_items),
+        report: (s.max_report_bytes, s.max_report_items),
         GRAPH: (s.max_json_bytes, s.max_json_items),
         SIGNATURE: (s.max_json_bytes, s.max_json_items),
     }
     files: dict[str, Path] = {}
     infos: dict[str, ArtifactInfo] = {}
-    report: ReportDocument | None = None
+    document: ReportDocument | None = None
     for name, (limit, max_items) in limits.items():
         data = read_regular(produced / name, limit, whole=True)
         if data is None:
             continue
-        if name == REPORT:
-            report = validate(ReportDocument, name, data, max_items)
+        if name == report:
+            document = validate(ReportDocument, name, data, max_items)
             continue
         validate(GraphDocument if name == GRAPH else SignatureDocument, name, data, max_items)
         files[name] = produced / name
@@ -139,21 +141,21 @@ def take_outputs(
                 shutil.rmtree(into, ignore_errors=True)
                 return None
             files[PROGRAM], infos[PROGRAM] = into / PROGRAM, copied
-    if report is None:
-        raise Untrusted("no report.json")
-    if report.status == "failed":
-        return Accepted(report, {}, {}, into)
+    if document is None:
+        raise Untrusted(f"no {report}")
+    if document.status == "failed":
+        return Accepted(document, {}, {}, into)
     if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
         raise Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
     wanted: list[tuple[str, str]] = []
-    if report.generation is not None and report.generation.encoder is not None:
+    if document.generation is not None and document.generation.encoder is not None:
         # an encoder-decoder model's second program, named by us, never by the report
         wanted.append(("the encoder program", ENCODER))
     for target, artifact in TARGET_ARTIFACTS.items():
         # Only the artifacts of targets the report says succeeded, and of the files a
         # target may write beside its artifact only those its entry lists; each a
         # regular file within the program's limit (an AOTInductor package is a zip too).
-        result = report.targets.get(target)
+        result = document.targets.get(target)
         if result is None or result.status != "succeeded":
             continue
         listed = set(result.artifacts) & set(TARGET_COMPANIONS.get(target, ()))
@@ -172,7 +174,7 @@ def take_outputs(
             if copied is None:
                 raise Untrusted(f"{whose} succeeded without {name}")
             files[name], infos[name] = into / name, copied
-    return Accepted(report, files, infos, into)
+    return Accepted(document, files, infos, into)
 
 
 def open_regular(path: Path, limit: int) -> BinaryIO | None:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine import time_budget
 from worker.sandbox import protocol
 from worker.sandbox.converters import directories
 from worker.sandbox.relay import TOOLCHAIN
@@ -107,8 +108,11 @@ class BrokeredPopen:
             self._refuse(argv, str(exc))
         request["merge"] = merge
         link = channel()
-        link.send(request, prefix=TOOLCHAIN)
-        reply = link.receive("toolchain") or {"refused": "the zygote gave no answer"}
+        # A target's time budget that runs out meanwhile waits for the answer: raised in
+        # between, it would leave the answer to the next request (engine.time_budget).
+        with time_budget.deferred():
+            link.send(request, prefix=TOOLCHAIN)
+            reply = link.receive("toolchain") or {"refused": "the zygote gave no answer"}
         if reply.get("rc") is None:
             self._refuse(argv, str(reply.get("refused")))
         self.returncode: int = int(reply["rc"])

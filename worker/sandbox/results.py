@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.artifacts import REPORT
+from engine.artifacts import PROVISIONAL_REPORT, REPORT
 from schemas import (
     ArtifactInfo,
     Environment,
@@ -29,7 +29,13 @@ from schemas import (
 )
 from schemas.outcomes import canceled, error_body
 from worker.sandbox import quota
-from worker.sandbox.outputs import Untrusted, copy_regular, take_outputs, take_regular
+from worker.sandbox.outputs import (
+    Accepted,
+    Untrusted,
+    copy_regular,
+    take_outputs,
+    take_regular,
+)
 from worker.sandbox.pipes import ProgressCallback
 from worker.sandbox.settings import SandboxJob, SandboxResult, SandboxSettings
 from worker.sandbox.supervisor import Watch
@@ -48,19 +54,25 @@ def finish(
     *,
     bwrap: bool,
     watch: Watch | None = None,
+    timed_out: bool = False,
 ) -> SandboxResult:
     """Write the job's final report (this is its only writer) and put its accepted
     artifacts into `job_dir/out`: the copies taken while it exited (`watch.accepted`),
     else those in `produced`, checked and copied now. Every artifact there is then the
     worker's own copy, hashed once as it was copied (`report.artifacts`); a failed
-    report when there is an error or no valid report."""
+    report when there is an error or no valid report. A job stopped by its time limit
+    (`timed_out`) that wrote a provisional report (`PROVISIONAL_REPORT`: it had saved its
+    program) is what that report says, with what it lists; else it failed (`error`)."""
     out_dir = job.job_dir / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     report: ReportDocument | None = None
     found: dict[str, Path] = {}
     infos: dict[str, ArtifactInfo] = {}
     accepted = watch.accepted if watch is not None else None
-    if accepted is not None and error is None:
+    provisional = _provisional(produced, settings, started) if timed_out else None
+    if provisional is not None:
+        report, found, error = provisional.report, provisional.files, None
+    elif accepted is not None and error is None:
         report, found, infos = accepted.report, accepted.files, accepted.infos
     elif produced is not None and error is None:
         try:
@@ -105,6 +117,29 @@ def finish(
     report_path.write_text(report.model_dump_json(indent=2))
     artifacts[REPORT] = report_path
     return SandboxResult(report=report, artifacts=artifacts, error=report.error, stdout_tail=tail)
+
+
+def _provisional(
+    produced: Path | None, settings: SandboxSettings, started: float
+) -> Accepted | None:
+    """The outputs a job stopped by its time limit listed in its provisional report (the
+    same checks as `report.json`'s), its stopped stage given the time since it was
+    written; None when it wrote none or one the checks refuse (the job then timed out)."""
+    if produced is None:
+        return None
+    try:
+        taken = take_outputs(produced, settings, report=PROVISIONAL_REPORT)
+    except Untrusted:
+        return None
+    if taken is None:
+        return None
+    report = taken.report
+    elapsed = time.perf_counter() - started
+    written = report.duration_s or 0.0
+    if report.stages and report.stages[-1].status == "failed":
+        report.stages[-1].duration_s += max(0.0, elapsed - written)
+    report.duration_s = max(written, elapsed)
+    return taken
 
 
 def list_layers(watch: Watch | None, settings: SandboxSettings, *, bwrap: bool) -> list[str]:

@@ -290,7 +290,7 @@ class SandboxRunner:
         ids = self.settings.job_ids(slot.number)
         exited: Callable[[], None] | None = None
         try:
-            stage(job, staging, ids)
+            stage(job, staging, ids, supervisor.job_timeout(options, self.settings))
             result, exited = self._run_staged(
                 job, options, job_id, staging, on_progress, cancel, started, ids
             )
@@ -440,6 +440,7 @@ class SandboxRunner:
             self.settings,
             bwrap=self._bwrap is not None,
             watch=watch,
+            timed_out=verdict == "timeout",
         )
 
         def exited() -> None:

@@ -24,17 +24,20 @@ from worker.sandbox.settings import SandboxJob
 __all__ = ["Cleaner", "stage"]
 
 
-def stage(job: SandboxJob, staging: Path, ids: tuple[int, int] | None) -> None:
+def stage(
+    job: SandboxJob, staging: Path, ids: tuple[int, int] | None, timeout_s: float | None = None
+) -> None:
     """Write the uploads straight into a fresh directory only this job's uid can enter
     (each a copy of its own: the job's uid will own it), and the job child's spec
-    (`JOB_SPEC`: paths of the uploads, the options file, its out and work dirs)."""
+    (`JOB_SPEC`: paths of the uploads, the options file, its out and work dirs, and
+    `timeout_s`, the time limit the worker holds it to)."""
     dirs = {name: staging / name for name in ("in", "out", "tmp")}
     for path in (staging, *dirs.values(), dirs["tmp"] / "loader", dirs["tmp"] / "work"):
         path.mkdir(mode=0o700)
     # The options go by file: valid options may exceed a control message (64 KiB).
     options_file = staging / "options.json"
     options_file.write_text(job.options.model_dump_json())
-    spec: dict[str, Any] = {"options_file": str(options_file)}
+    spec: dict[str, Any] = {"options_file": str(options_file), "timeout_s": timeout_s}
     uploads = job.uploads()
     for role in UPLOAD_ROLES:
         source = uploads.get(role)

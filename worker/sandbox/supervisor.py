@@ -28,7 +28,7 @@ from worker.sandbox.watch import Watch
 if TYPE_CHECKING:
     from worker.sandbox.zygote_client import ZygoteClient
 
-__all__ = ["Watch", "job_limits", "kill_job", "measure_disk", "supervise"]
+__all__ = ["Watch", "job_limits", "job_timeout", "kill_job", "measure_disk", "supervise"]
 
 
 def job_limits(
@@ -37,7 +37,7 @@ def job_limits(
     """The job child's rlimits (sent to the zygote), its wall-clock timeout and its memory
     limit in MiB: the job's own, capped by the worker's (`max_timeout_s`, `max_memory_mb`);
     the one place they are capped."""
-    timeout = min(float(options.timeout_s), settings.max_timeout_s)
+    timeout = job_timeout(options, settings)
     memory = min(options.memory_mb, settings.max_memory_mb)
     cpu = settings.cpu_s or int(timeout * (os.cpu_count() or 1)) + 10
     margin = settings.gpu_data_margin_mb if gpu_job else 0
@@ -50,6 +50,12 @@ def job_limits(
         "nproc": settings.nproc,
     }
     return limits, timeout, memory
+
+
+def job_timeout(options: ExportOptions, settings: SandboxSettings) -> float:
+    """The job's wall-clock limit: its `timeout_s`, capped by the worker's `max_timeout_s`
+    (the job child is told it too: its targets' budgets share what it leaves)."""
+    return min(float(options.timeout_s), settings.max_timeout_s)
 
 
 def supervise(

@@ -78,10 +78,12 @@ function innerPath(file) {
  * with `auto_map`), and each sub-folder holding an `adapter_config.json` as a PEFT adapter:
  * its adapter_config.json and adapter_model.safetensors. A folder that is an adapter itself
  * (no config.json) sends its two files alone, which the server refuses without its base
- * (`adapter_without_base`), as it refuses the CLI's. Returns `{file, path}` entries, `path`
- * below the chosen folder, in the CLI's order. */
+ * (`adapter_without_base`), as it refuses the CLI's. Takes the Files of a chosen folder or
+ * the `{file, path}` of a dropped one; returns `{file, path}` entries, `path` below the
+ * folder, in the CLI's order. */
 export async function checkpointFiles(fileList) {
-  const entries = [...fileList].map((file) => ({ file, path: innerPath(file) }));
+  // a chosen folder's Files, or a dropped folder's {file, path} (folder_drop.js)
+  const entries = [...fileList].map((item) => (item instanceof File ? { file: item, path: innerPath(item) } : item));
   const top = entries.filter((e) => !e.path.includes("/"));
   const named = (re) => top.filter((e) => re.test(e.path)).sort(byPath);
   const config = top.find((e) => e.path === "config.json");

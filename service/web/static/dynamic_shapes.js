@@ -109,7 +109,10 @@ export function dimensionEditor(inputs, onChange, initial = null) {
     (input.shape || []).forEach((size, index) => {
       const preset = initialDim(initial, input.name, index);
       const dynamic = h("input", { type: "checkbox", "data-dim": `${input.name}.${index}`, checked: preset !== null });
-      const name = h("input", { type: "text", class: "dim-name", value: preset?.name || (index === 0 ? "batch" : `${input.name}_${index}`), size: 10, "aria-label": `name of ${input.name} dim ${index}` });
+      const named = preset?.name || (index === 0 ? "batch" : `${input.name}_${index}`);
+      // as wide as its name (`sequence_length`, `encoder_sequence_length`), never cut
+      const name = h("input", { type: "text", class: "dim-name", value: named, size: Math.max(10, named.length + 1), "aria-label": `name of ${input.name} dim ${index}` });
+      name.addEventListener("input", () => { name.size = Math.max(10, name.value.length + 1); });
       const min = h("input", { type: "number", min: 0, class: "dim-min", value: preset?.min ?? "", placeholder: "min", "aria-label": "min" });
       const max = h("input", { type: "number", min: 0, class: "dim-max", value: preset?.max ?? "", placeholder: "max", "aria-label": "max" });
       const control = { input: input.name, index, size, dynamic, name, min, max };

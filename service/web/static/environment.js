@@ -48,8 +48,8 @@ function renderWorker(worker) {
     h("td", { class: "small" }, t.missing.length ? `${t.missing.join(", ")} missing` : t.error ? h("code", {}, t.error) : "")));
   return card(`Queue ${worker.queue}`,
     h("p", { class: "muted" }, `Worker ${worker.hostname}, started ${formatTime(worker.recorded_at)} · Python ${env.python} · torch ${env.torch || "not installed"} · torchport ${env.torchport || "?"}`),
-    table(["library", "version", "", "why not"], rows, { class: "libraries", "data-queue": worker.queue }),
-    targets.length ? table(["deployment target", "", "why not"], targets, { class: "targets", "data-queue": worker.queue }) : null,
+    table(["library", "version", "loads in a job", "why not"], rows, { class: "libraries", "data-queue": worker.queue }),
+    targets.length ? table(["deployment target", "works here", "why not"], targets, { class: "targets", "data-queue": worker.queue }) : null,
     h("details", {}, h("summary", {}, `${others.length} more installed distributions`),
       table(["distribution", "version", "modules"], rest, { class: "distributions" })));
 }

@@ -49,6 +49,32 @@ export function stageEstimate(job, stage, now) {
 }
 
 /**
+ * What a running stage's estimate says: a percentage and the time left (`data-left`, whole
+ * seconds), or, once the stage has run past what its own progress predicted (`left` under
+ * a second while it still runs), only the percentage and that it is taking longer
+ * (`data-overdue`): never "0 ms left" for a stage that is not done.
+ */
+export function estimateLabel(estimate) {
+  const percent = `${Math.round(estimate.fraction * 100)} %`;
+  const left = Math.round(estimate.left);
+  if (left < 1) return h("span", { class: "estimate", "data-overdue": "true" }, ` · ${percent}, taking longer than its progress so far suggested`);
+  return h("span", { class: "estimate", "data-left": left }, ` · ${percent}, about ${formatSeconds(left)} left`);
+}
+
+/**
+ * How the job was traced: once the report says (`report.tracing.strict_used`), the mode used,
+ * which the engine may choose itself (a generation-ready checkpoint is always traced strict);
+ * before that, what the options asked for.
+ */
+export function tracingFact(job, report) {
+  const used = report?.tracing?.strict_used;
+  if (used === true || used === false) return { source: "report", strict: used, text: used ? "traced strict" : "traced non-strict" };
+  const asked = job.options?.strict;
+  const text = asked === true ? "strict" : asked === "auto" ? "strict, then non-strict" : "non-strict";
+  return { source: "options", strict: asked === true ? true : asked === "auto" ? "auto" : false, text };
+}
+
+/**
  * Where the job's dynamic shapes come from, once the report says (`report.tracing.dynamic_shapes`):
  * the options, the module's own `dynamic_shapes`, the checkpoint's task, or none (static).
  * Before that only the options are known: without them the module may still declare some.
@@ -132,10 +158,11 @@ export function renderJob(root, id, navigate) {
   function renderHeader() {
     const o = job.options;
     const shapes = shapesFact(job, report);
+    const tracing = tracingFact(job, report);
     const facts = [
       job.model_name,
       `created ${formatTime(job.created_at)}`,
-      o.strict === true ? "strict" : o.strict === "auto" ? "strict, then non-strict" : "non-strict",
+      h("span", { "data-fact": "tracing", "data-strict": String(tracing.strict), "data-source": tracing.source }, tracing.text),
       `decomposition: ${o.decomposition.mode}`,
       h("span", { "data-fact": "shapes", "data-shapes": shapes.source }, shapes.text),
       o.verify.enabled ? "verified" : "not verified",
@@ -166,7 +193,7 @@ export function renderJob(root, id, navigate) {
         h("span", { class: "name" }, stage),
         h("span", { class: "elapsed" }, t.state === "pending" || t.state === "skipped" ? (t.state === "skipped" ? "skipped" : "") : formatSeconds(seconds)),
         h("span", { class: "what muted" }, t.state === "running" && last?.message ? last.message : STAGE_HELP[stage],
-          estimate ? h("span", { class: "estimate", "data-left": Math.round(estimate.left) }, ` · ${Math.round(estimate.fraction * 100)} %, about ${formatSeconds(Math.round(estimate.left))} left`) : null));
+          estimate ? estimateLabel(estimate) : null));
     }));
     const queued = job.status === "queued";
     if (queued) progress.prepend(h("li", { class: "stage stage-running", "data-stage": "queued" }, h("span", { class: "dot" }), h("span", { class: "name" }, "queued"), h("span", { class: "elapsed" }, formatSeconds((now - Date.parse(job.created_at)) / 1000)), h("span", { class: "what muted" }, "waiting for a worker")));

@@ -9,6 +9,7 @@ import { renderGraph } from "./graph_view.js";
 import { longTable } from "./long_table.js";
 import { startAgain } from "./again.js";
 import { artifactsCard } from "./profiles.js";
+import { warningsCard } from "./warnings_card.js";
 
 const ARTIFACT_HELP = {
   "program.pt2": "the exported program: torch.export.load(path)",
@@ -42,7 +43,7 @@ export function renderResult(root, job, { report, graph, signature }, navigate) 
     targetsCard(job, report),
     report?.decomposition ? decompositionCard(report.decomposition) : null,
     signature ? reexportCard(job, signature, navigate, report?.tracing?.dynamic_shapes?.suggested, report?.inputs) : null,
-    report?.warnings?.length ? warningsCard(report.warnings) : null,
+    warningsCard(report),
   ];
   fill(root, ...sections.filter(Boolean));
 }
@@ -51,7 +52,7 @@ function summary(job, report, graph, signature) {
   const ops = graph ? Object.values(graph.op_histogram).reduce((a, b) => a + b, 0) : null;
   const model = report?.model;
   const userInputs = (signature?.inputs || []).filter((i) => i.kind === "user_input");
-  const userOutputs = (signature?.outputs || []).filter((o) => o.kind === "user_output");
+  const userOutputs = outputNames(signature, report);
   const ranges = signature?.range_constraints || graph?.range_constraints || [];
   const fixes = report?.tracing?.dynamic_shapes?.fixes || [];
   const stat = (label, value, key) => h("div", { class: "stat", "data-stat": key }, h("div", { class: "value" }, value), h("div", { class: "label" }, label));
@@ -65,7 +66,7 @@ function summary(job, report, graph, signature) {
       stat("tracing", report?.tracing?.strict_used ? "strict" : "non-strict", "tracing")),
     h("div", { class: "two-col" },
       h("div", {}, h("h3", {}, "Inputs"), ioList(userInputs.map((i) => ({ name: i.pytree_path ? `${i.name} (${i.pytree_path})` : i.name, shape: i.shape, dtype: i.dtype, value: i.value })))),
-      h("div", {}, h("h3", {}, "Outputs"), ioList(userOutputs.map((o) => ({ name: o.pytree_path || o.name, shape: o.shape, dtype: o.dtype }))))),
+      h("div", {}, h("h3", {}, "Outputs"), ioList(userOutputs))),
     h("h3", {}, "Symbolic sizes"),
     ranges.length
       ? h("ul", { class: "ranges" }, ranges.map((r) => h("li", { "data-symbol": r.symbol }, h("code", {}, r.symbol), ` ∈ [${r.min ?? 0}, ${r.max ?? "∞"}]`)))
@@ -75,9 +76,26 @@ function summary(job, report, graph, signature) {
       : null);
 }
 
+/**
+ * The program's outputs as its user knows them: a generation-ready program's by the names
+ * its report gives (`report.generation.outputs`: `logits`, as the ONNX model and the docs
+ * name it), else the path inside the returned structure, else the graph's own node name
+ * (`view_55`) as the last resort.
+ */
+export function outputNames(signature, report) {
+  const outputs = (signature?.outputs || []).filter((o) => o.kind === "user_output");
+  const named = report?.generation?.outputs || [];
+  return outputs.map((o, i) => ({
+    name: named.length === outputs.length ? named[i] : o.pytree_path || o.name,
+    node: o.name,
+    shape: o.shape,
+    dtype: o.dtype,
+  }));
+}
+
 function ioList(items) {
   if (!items.length) return h("p", { class: "muted" }, "none");
-  return h("ul", { class: "io" }, items.map((i) => h("li", {}, h("code", {}, i.name), " ", h("span", { class: "shape" }, i.shape ? formatShape(i.shape) : i.value !== undefined && i.value !== null ? `= ${JSON.stringify(i.value)}` : ""), " ", h("span", { class: "muted" }, i.dtype || ""))));
+  return h("ul", { class: "io" }, items.map((i) => h("li", { "data-name": i.name }, h("code", { title: i.node && i.node !== i.name ? `graph node ${i.node}` : null }, i.name), " ", h("span", { class: "shape" }, i.shape ? formatShape(i.shape) : i.value !== undefined && i.value !== null ? `= ${JSON.stringify(i.value)}` : ""), " ", h("span", { class: "muted" }, i.dtype || ""))));
 }
 
 function downloads(job, graph) {
@@ -305,8 +323,4 @@ function reexportCard(job, signature, navigate, suggested = null, examples = [])
     ? h("p", { class: "muted", id: "suggested-note" }, "Pre-filled with the dimensions the engine suggests (batch, sequence length); not tried yet — export again to check them.")
     : null;
   return card("Dynamic shapes", h("p", { class: "muted" }, "The example inputs as this export saw them. Tick the sizes that may change; inputs that must have equal sizes share a name."), note, editor, preview, h("div", { class: "actions" }, again));
-}
-
-function warningsCard(warnings) {
-  return card("Warnings", h("ul", {}, warnings.map((w) => h("li", { "data-code": w.code }, h("code", {}, w.code), " ", w.message))));
 }

@@ -5,6 +5,12 @@ import { submitExport, ApiError } from "./api.js";
 import { checkDynamicShapes, dimensionEditor } from "./dynamic_shapes.js";
 import { uploads, rememberSource } from "./session.js";
 import { checkpointFiles, isCheckpoint, storedZip, zipNames } from "./checkpoint_zip.js";
+import { dropContents } from "./folder_drop.js";
+import { GENERATION_TASKS, generationFields } from "./generation_fields.js";
+
+/** The dynamic-shapes placeholder: a module's arguments, or a checkpoint task's inputs and dim names. */
+const CODE_SHAPES = '{"x": {"0": {"name": "batch", "min": 1, "max": 64}}, "y": {"0": "batch"}}';
+const CHECKPOINT_SHAPES = '{"input_ids": {"0": {"name": "batch_size", "min": 1, "max": 8}, "1": {"name": "sequence_length", "min": 1, "max": 128}}}';
 
 /** The deployment targets the form offers, in the order the engine converts them. */
 export const TARGETS = [
@@ -34,7 +40,7 @@ const QUANTIZE_SCHEMES = [
 const KINDS = {
   model: { label: "Model", accept: [".py", ".zip"], required: true, help: "A .py file defining `model` and `example_args`, a .zip of a package, or a Hugging Face checkpoint: its save_pretrained folder (choose it below) or a .zip of it." },
   inputs: { label: "Example inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional; replaces `example_args`. .safetensors (args.0, kwargs.mask…), .pt or a .json spec." },
-  weights: { label: "Weights", accept: [".safetensors", ".pt"], help: "Optional state dict, loaded with strict=True before export." },
+  weights: { label: "Weights", accept: [".safetensors", ".pt", ".pth"], help: "Optional state dict (or a training checkpoint holding one under model_state, state_dict, model…), loaded before export; names must match unless options weights.strict is false." },
   calibration: { label: "Calibration inputs", accept: [".safetensors", ".pt", ".json"], help: "Optional, int8 only: a list of example inputs int8 calibrates its activation ranges on (.safetensors <n>.args.<i>, a .pt list or a .json list of specs). Default: the example and the verification samples." },
 };
 
@@ -62,11 +68,12 @@ function extensionOf(name) {
   return match ? match[0] : "";
 }
 
-/** Which field a dropped file belongs to, by its extension (ambiguous .pt goes to weights if inputs is taken). */
+/** Which field a dropped file belongs to, by its extension (ambiguous .pt goes to weights if inputs is taken; .pth is weights). */
 function fieldFor(file, files) {
   const ext = extensionOf(file.name);
   if (ext === ".py" || ext === ".zip") return "model";
   if (ext === ".json") return "inputs";
+  if (ext === ".pth") return "weights";
   if (ext === ".safetensors" || ext === ".pt") return files.inputs || /weight|state|ckpt|checkpoint/i.test(file.name) ? "weights" : "inputs";
   return null;
 }
@@ -79,7 +86,7 @@ export function renderUpload(root, navigate) {
   const zones = {};
   const errors = h("ul", { class: "form-errors", id: "form-errors", hidden: true });
 
-  for (const kind of Object.keys(KINDS)) zones[kind] = dropZone(kind, files, () => refresh());
+  for (const kind of Object.keys(KINDS)) zones[kind] = dropZone(kind, files, () => refresh(), kind === "model" ? dropped : null);
 
   const entry = h("input", { type: "text", name: "entry", placeholder: "pkg/net.py", value: options.entry || "" });
   const entryRow = h("label", { class: "field", hidden: true }, "Entry file inside the zip", entry);
@@ -87,6 +94,9 @@ export function renderUpload(root, navigate) {
   const task = select("task", [["", "infer from the checkpoint"], ...tasks.map((t) => [t, t])], options.task || "");
   task.id = "task";
   const taskRow = h("label", { class: "field", id: "task-row", hidden: true }, "Task (what the checkpoint is exported for)", task);
+  const generation = generationFields(options.generation);
+  generation.element.hidden = true;
+  task.addEventListener("change", () => refresh());
   const folder = h("input", { type: "file", webkitdirectory: true, hidden: true, "data-testid": "folder-model" });
   const folderStatus = h("span", { class: "muted small", id: "folder-status" });
   const folderButton = h("button", { type: "button", class: "small", id: "choose-folder" }, "Choose a checkpoint folder…");
@@ -94,18 +104,35 @@ export function renderUpload(root, navigate) {
   folder.addEventListener("change", async () => {
     const chosen = [...folder.files];
     if (!chosen.length) return;
-    const name = (chosen[0].webkitRelativePath || "checkpoint").split("/", 1)[0];
+    await useFolder((chosen[0].webkitRelativePath || "checkpoint").split("/", 1)[0], chosen);
+  });
+  /** A checkpoint folder, chosen or dropped (its Files, or a promise of its {file, path}), zipped as the model. */
+  async function useFolder(name, items) {
     fill(folderStatus, `zipping ${name}…`);
     try {
-      const picked = await checkpointFiles(chosen);
+      const picked = await checkpointFiles(await items);
       zones.model.setFile(await storedZip(`${name}.zip`, name, picked));
       fill(folderStatus, `${name}: ${picked.map((e) => e.path).join(", ")}`);
     } catch (error) {
       fill(folderStatus, h("span", { class: "error-line", "data-code": "upload_too_large" }, `${name}: ${error.message}`));
     }
-  });
+  }
+  /** A drop on the model field or the form: a folder is zipped as a chosen one; several files with a config.json are a checkpoint's, zipped together; other files go to the field their extension says. */
+  function dropped(dataTransfer) {
+    const contents = dropContents(dataTransfer);
+    if (contents.folder) return useFolder(contents.folder, contents.items);
+    if (contents.files.length > 1 && contents.files.some((file) => file.name === "config.json")) {
+      return useFolder("checkpoint", contents.files.map((file) => ({ file, path: file.name })));
+    }
+    for (const file of contents.files) {
+      const kind = fieldFor(file, files);
+      if (kind) zones[kind].setFile(file);
+    }
+    return null;
+  }
   const folderRow = h("div", { class: "field" }, folderButton, folder, folderStatus);
   const symbol = h("input", { type: "text", name: "symbol", value: options.symbol || "model" });
+  const symbolRow = h("details", { id: "symbol-row" }, h("summary", {}, "Module attribute"), h("label", { class: "field" }, "Name of the model in the file", symbol));
   const requires = h("textarea", { name: "requires", rows: 2, spellcheck: "false", placeholder: "transformers>=4.40" });
   requires.value = (options.requires || []).join("\n");
 
@@ -116,7 +143,7 @@ export function renderUpload(root, navigate) {
   const mode = select("decomposition", [["core_aten", "core ATen (default)"], ["none", "none: keep the ops as traced"], ["custom", "custom: decompose only the listed ops"]], options.decomposition?.mode || "core_aten");
   const preserve = h("textarea", { name: "preserve", rows: 2, placeholder: "aten.conv2d.default\naten.layer_norm.default", spellcheck: "false" }, (options.decomposition?.preserve || []).join("\n"));
   const decompose = h("textarea", { name: "decompose", rows: 2, placeholder: "aten.linear.default", spellcheck: "false" }, (options.decomposition?.decompose || []).join("\n"));
-  const preserveRow = h("label", { class: "field" }, "Keep these ops (one per line)", preserve);
+  const preserveRow = h("label", { class: "field", id: "preserve-row" }, "Keep these ops (one per line)", preserve);
   const decomposeRow = h("label", { class: "field", hidden: true }, "Decompose only these ops (one per line)", decompose);
   const device = select("device", [["cpu", "cpu"], ["cuda", "cuda (GPU workers)"]], options.device || "cpu");
   const verify = h("input", { type: "checkbox", name: "verify", checked: options.verify?.enabled !== false });
@@ -149,7 +176,7 @@ export function renderUpload(root, navigate) {
     h("div", { class: "target-boxes" }, targetBoxes.map(([name, label, box]) => h("label", { class: "check" }, box, ` ${label}`))),
     isaRow, quantizeRow, calibrationRow, requiredRow);
 
-  const shapesText = h("textarea", { name: "dynamic_shapes", id: "dynamic-shapes", rows: 5, spellcheck: "false", placeholder: '{"x": {"0": {"name": "batch", "min": 1, "max": 64}}, "y": {"0": "batch"}}' },
+  const shapesText = h("textarea", { name: "dynamic_shapes", id: "dynamic-shapes", rows: 5, spellcheck: "false", placeholder: CODE_SHAPES },
     options.dynamic_shapes ? JSON.stringify(options.dynamic_shapes, null, 1) : "");
   const autoFix = h("input", { type: "checkbox", name: "auto_fix", id: "auto-fix", checked: options.auto_fix_dynamic_shapes !== false });
   const shapesStatus = h("div", { class: "inline-status", id: "dynamic-shapes-status" });
@@ -181,10 +208,15 @@ export function renderUpload(root, navigate) {
 
   function refresh() {
     const isZip = files.model && extensionOf(files.model.name) === ".zip";
-    entryRow.hidden = !isZip || zones.model.checkpoint;
-    taskRow.hidden = !isZip || !zones.model.checkpoint;
+    // A checkpoint has no module attribute and no code of its own: its fields are the task's.
+    const checkpoint = Boolean(isZip && zones.model.checkpoint);
+    entryRow.hidden = !isZip || checkpoint;
+    taskRow.hidden = !checkpoint;
+    symbolRow.hidden = checkpoint;
+    generation.element.hidden = !checkpoint || !GENERATION_TASKS.has(task.value);
+    shapesText.placeholder = checkpoint ? CHECKPOINT_SHAPES : CODE_SHAPES;
     decomposeRow.hidden = mode.value !== "custom";
-    preserveRow.hidden = mode.value === "none";
+    preserveRow.hidden = mode.value === "none" || checkpoint;
     verifyFields.hidden = !verify.checked;
     const wanted = checkedTargets();
     isaRow.hidden = !wanted.includes("aoti");
@@ -213,8 +245,7 @@ export function renderUpload(root, navigate) {
       h("h1", {}, "Export a PyTorch model"),
       h("p", {}, "Drop your model file; torchport runs ", h("code", {}, "torch.export"), " on it in a sandbox, checks the result against eager PyTorch and gives you the ",
         h("code", {}, ".pt2"), " program with its graph. Nothing here is sent anywhere but this server.")),
-    card("Files", h("div", { class: "zones" }, zones.model, zones.inputs, zones.weights), folderRow, entryRow, taskRow,
-      h("details", {}, h("summary", {}, "Module attribute"), h("label", { class: "field" }, "Name of the model in the file", symbol))),
+    card("Files", h("div", { class: "zones" }, zones.model, zones.inputs, zones.weights), folderRow, entryRow, taskRow, generation.element, symbolRow),
     card("Options",
       h("div", { class: "grid" },
         h("label", { class: "field" }, "Tracing", strict, strictHelp),
@@ -262,21 +293,19 @@ export function renderUpload(root, navigate) {
   form.addEventListener("drop", (event) => {
     if (event.defaultPrevented) return;
     event.preventDefault();
-    for (const file of event.dataTransfer.files) {
-      const kind = fieldFor(file, files);
-      if (kind) zones[kind].setFile(file);
-    }
+    dropped(event.dataTransfer);
   });
 
   function buildOptions() {
     const body = {};
-    if (symbol.value.trim() && symbol.value.trim() !== "model") body.symbol = symbol.value.trim();
+    if (!symbolRow.hidden && symbol.value.trim() && symbol.value.trim() !== "model") body.symbol = symbol.value.trim();
     if (!entryRow.hidden && entry.value.trim()) body.entry = entry.value.trim();
     if (!taskRow.hidden && task.value) body.task = task.value;
+    if (!generation.element.hidden && generation.value()) body.generation = generation.value();
     if (strict.value !== "false") body.strict = strict.value === "auto" ? "auto" : true;
     const lines = (area) => area.value.split(/[\n,]/).map((s) => s.trim()).filter(Boolean);
     const decomposition = { mode: mode.value };
-    if (mode.value !== "none" && lines(preserve).length) decomposition.preserve = lines(preserve);
+    if (!preserveRow.hidden && lines(preserve).length) decomposition.preserve = lines(preserve);
     if (mode.value === "custom") decomposition.decompose = lines(decompose);
     if (mode.value !== "core_aten" || decomposition.preserve) body.decomposition = decomposition;
     if (device.value !== "cpu") body.device = device.value;
@@ -339,6 +368,7 @@ export function renderUpload(root, navigate) {
         if (el.value !== "" && !(Number(el.value) >= 0)) problems.push({ field: name, code: "invalid_request", message: `${name} must be a number ≥ 0.` });
       }
     }
+    if (!generation.element.hidden) problems.push(...generation.problems());
     if (mode.value === "custom" && !decompose.value.trim()) {
       problems.push({ field: "decompose", code: "invalid_request", message: "Custom decomposition needs at least one op to decompose." });
     }
@@ -365,7 +395,8 @@ function select(name, choices, value) {
   return h("select", { name }, choices.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
 }
 
-function dropZone(kind, files, onChange) {
+/** A file field one drops a file on or clicks; `onDrop(dataTransfer)`, when given, takes a drop whole (the model's: a folder, several files). */
+function dropZone(kind, files, onChange, onDrop = null) {
   const spec = KINDS[kind];
   const input = h("input", { type: "file", name: kind, accept: spec.accept.join(","), hidden: true, "data-testid": `file-${kind}` });
   const chosen = h("div", { class: "chosen" });
@@ -431,6 +462,10 @@ function dropZone(kind, files, onChange) {
   zone.addEventListener("drop", (event) => {
     event.preventDefault();
     zone.classList.remove("over");
+    if (onDrop) {
+      onDrop(event.dataTransfer);
+      return;
+    }
     const file = event.dataTransfer.files[0];
     if (file) zone.setFile(file);
   });
