@@ -39,11 +39,12 @@ pip install -q --no-deps executorch==1.4.1 torchao==0.18.0
 if (($#)); then
   exec python -m pytest -q -p no:cacheprovider "$@"
 fi
-# All tests, in two pytest runs side by side: the engine's tests (no sandbox, no
-# services) beside the rest, which runs as one, since sandboxes, servers, workers and the
-# browser share the machine's sandbox slots, job uids and the test database.
-PARALLEL=(tests/engine tests/test_layering.py tests/test_quality.py tests/test_contract_doc.py
-  tests/test_schemas_requires.py tests/test_cli_summary.py)
+# All tests, in two pytest runs side by side: the engine's and the API's tests (no
+# sandbox; the API's each in a database and Redis prefix of their own) beside the rest,
+# which runs as one, since sandboxes, servers, workers and the browser share the
+# machine's sandbox slots and job uids.
+PARALLEL=(tests/engine tests/service tests/test_layering.py tests/test_quality.py
+  tests/test_contract_doc.py tests/test_schemas_requires.py tests/test_cli_summary.py)
 log=$(mktemp)
 python -m pytest -q -p no:cacheprovider --durations=25 "${PARALLEL[@]}" >"$log" 2>&1 &
 engine=$!

@@ -162,13 +162,13 @@ def test_the_job_side_refuses_an_argv_that_is_not_a_template(root: Path) -> None
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
 def test_every_command_of_an_aoti_compile_is_a_template(tmp_path: Path) -> None:
-    """What torch's inductor runs for an AOTInductor package here, with each `aoti.isa`,
+    """What torch's inductor runs for an AOTInductor package here (`aoti.isa` portable)
     is a template's command with the worker's directories, flag for flag."""
     script = tmp_path / "capture.py"
     script.write_text(_CAPTURE)
     found = toolchain(["aoti"])
     paths = Paths(None, None, tuple(found["include"]), tuple(found["libdirs"]))
-    for isa in ("portable", "native", "x86-64"):
+    for isa in ("portable",):  # the others differ only by the knobs the unit tests cover
         log = tmp_path / f"{isa}.json"
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"cache-{isa}")}
         subprocess.run(

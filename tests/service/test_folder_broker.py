@@ -80,6 +80,9 @@ def _options(folder: Path, polling_interval: float) -> dict[str, Any]:
     return {
         "data_folder_in": str(folder),
         "data_folder_out": str(folder),
+        # kombu's exchange tables, else `control/` in the current directory, shared with
+        # every other test that runs there
+        "control_folder": str(folder.parent / "control"),
         "polling_interval": polling_interval,
     }
 
