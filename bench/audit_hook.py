@@ -1,4 +1,4 @@
-"""What the job child's audit hook (`worker.sandbox.child._Attempts.hook`) costs.
+"""What the job child's audit hook (`worker.sandbox.child.run._Attempts.hook`) costs.
 
     python bench/audit_hook.py
 
@@ -24,10 +24,11 @@ import collections, json, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import sandbox_overhead
-from engine import pipeline, roundtrip
-from engine.model import Upload
+from engine.pipeline import export as pipeline
+from engine.serialize import roundtrip
+from engine.load.model import Upload
 from schemas import ExportOptions
-from worker.sandbox import warmup
+from worker.sandbox.zygote import warmup
 
 root = Path(tempfile.mkdtemp(prefix="torchport-audit-"))
 model = root / "model.py"
@@ -52,7 +53,7 @@ print(json.dumps(events.most_common()))
 TIME = """
 import sys, timeit
 from pathlib import Path
-from worker.sandbox import child
+from worker.sandbox.child import run as child
 
 class Before:  # the hook as the child had it before the tripwires: a Python method
     def hook(self, event, args):

@@ -1,4 +1,4 @@
-"""Engine overhead: `engine.pipeline.run_export` vs calling torch directly.
+"""Engine overhead: `engine.pipeline.export.run_export` vs calling torch directly.
 
 Same process, same models, several sizes. The direct path is what a person writes by hand:
 `torch.export.export` + `run_decompositions()` + `torch.export.save`. The engine path is a
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export, warm_up
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export, warm_up
 from schemas import ExportOptions
 
 MODELS = {

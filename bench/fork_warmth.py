@@ -4,7 +4,7 @@ Forks from a warm, single-threaded process (like the sandbox's zygote, without l
 and times one `run_export` of the same model in each child: "cold" runs it at once,
 "prewarmed" first runs the zygote's whole-pipeline warm-up itself (what the first spare
 of a kind does), "prefaulted" first faults in the pages that warm-up touched, learned
-once from a prewarmed fork (worker/sandbox/pages.py: what later spares and fresh forks
+once from a prewarmed fork (worker/sandbox/zygote/pages.py: what later spares and fresh forks
 do). Per mode: the median time to warm, to export, and the page faults during the export.
 
     python bench/fork_warmth.py [--runs 5] [--model tests/models/docs_plain_function.py]
@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
-from engine import pipeline, roundtrip
-from engine.model import Upload
+from engine.load.model import Upload
+from engine.pipeline import export as pipeline
+from engine.serialize import roundtrip
 from schemas import ExportOptions
-from worker.sandbox import pages, warmup
+from worker.sandbox.zygote import pages, warmup
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
 1. Checks: what torch sees (versions, devices, TF32 switches), then the `cuda`-marked tests
    (`pytest -m cuda tests/deploy/test_gpu.py` and any other `cuda` test), whose result is
    printed as pytest's summary line.
-2. Benchmark: the engine (`engine.pipeline.run_export`, in this process, no sandbox) on a
+2. Benchmark: the engine (`engine.pipeline.export.run_export`, in this process, no sandbox) on a
    few models with `device: cpu` and `device: cuda`; per model and device the median of
    the export time (tracing + decomposing), the verification time and the total. For the
    GPU runs it also checks that the saved program's weights really are on the GPU.
@@ -35,8 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.model import Upload  # noqa: E402
-from engine.pipeline import ExportRequest, run_export  # noqa: E402
+from engine.load.model import Upload  # noqa: E402
+from engine.pipeline.export import ExportRequest, run_export  # noqa: E402
 from schemas import ExportOptions  # noqa: E402
 
 # Inline models: big enough that the device matters for verification, small enough for CPU.

@@ -12,7 +12,7 @@ the exporter's first-use imports):
 - plain: `torch.onnx.export(module, dynamo=True, optimize=True)`, wall time (it traces
   with `torch.export.export` itself);
 - trace: `torch.export.export`, the job's tracing stage;
-- decompose: `engine.decomposition.decompose` in `core_aten` mode, the job's decomposing
+- decompose: `engine.decompose.decomposition.decompose` in `core_aten` mode, the job's decomposing
   stage (program.pt2), and the same with `preserve: ["aten.<op>.input"]`;
 - convert: `engine.targets.run_target("onnx", ...)`'s `duration_s` (convert and load)
   and its whole time with verification against eager (the example; no dynamic dims, so
@@ -42,7 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import decomposition, targets
+from engine import targets
+from engine.decompose import decomposition
 from engine.targets import onnx as onnx_target
 from schemas import DecompositionOptions, ExportOptions
 

@@ -4,7 +4,7 @@
         [--targets onnx,executorch] [--runs 20] [--json OUT]
 
 For each model file (a path, or a name under tests/models/; the real-model suite's are
-`bench/model_suite/hf_resnet.py` and so on) the whole pipeline (`engine.pipeline.run_export`,
+`bench/model_suite/hf_resnet.py` and so on) the whole pipeline (`engine.pipeline.export.run_export`,
 in this process, no sandbox) runs once with `quantize: none` and once per scheme, with
 the targets and `profile` on; per target and scheme it prints the artifact's size and
 its p50 latency at the worker's threads (`report.profile`) as ratios of the float
@@ -25,8 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.model import Upload  # noqa: E402
-from engine.pipeline import ExportRequest, run_export  # noqa: E402
+from engine.load.model import Upload  # noqa: E402
+from engine.pipeline.export import ExportRequest, run_export  # noqa: E402
 from schemas import ExportOptions, ReportDocument  # noqa: E402
 
 MODELS = ROOT / "tests" / "models"

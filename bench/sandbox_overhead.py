@@ -15,7 +15,7 @@ repeated; the same-work run comes right before the idle one it is paired with, a
   runs in the successor the zygote forked when the previous job was handed its spare
   (spares.py), or in a fresh fork when that is not ready yet; how many of each is
   printed.
-- warm in-process, same work: the same `engine.pipeline.run_export` in this process,
+- warm in-process, same work: the same `engine.pipeline.export.run_export` in this process,
   which imported the model libraries the zygote warmed and ran the zygote's warm-up,
   round trip in-process (no isolation at all). Before
   each run torch's fake-tensor dispatch cache (`FakeTensorMode.cache`, class-level,
@@ -135,10 +135,11 @@ def main() -> None:
     import torch  # noqa: F401  (only now: the worker side above never imported it)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from engine import pipeline, roundtrip
-    from engine.model import Upload
+    from engine.load.model import Upload
+    from engine.pipeline import export as pipeline
+    from engine.serialize import roundtrip
     from schemas import ExportOptions
-    from worker.sandbox import warmup
+    from worker.sandbox.zygote import warmup
 
     # The zygote's state, in this process: the model libraries it imported, then its
     # warm-up (the zygote's order). Without them the two would not do the same work: an

@@ -207,8 +207,8 @@ def in_process_engine(runs: int) -> list[float]:
         f"""
         import json, sys, tempfile, time
         from pathlib import Path
-        from engine.model import Upload
-        from engine.pipeline import ExportRequest, run_export
+        from engine.load.model import Upload
+        from engine.pipeline.export import ExportRequest, run_export
         from schemas import ExportOptions
         times = []
         for i in range({runs} + 1):

@@ -122,8 +122,8 @@ def fork_cost(with_libraries: bool) -> tuple[float, float]:
     the libraries (or none), the warm-up, the heap frozen and collapsed."""
     import torch
 
-    from worker.sandbox import warmup
-    from worker.sandbox.warm_libraries import warm_libraries
+    from worker.sandbox.zygote import warmup
+    from worker.sandbox.zygote.warm_libraries import warm_libraries
 
     torch.set_num_threads(1)
     warm_libraries(None if with_libraries else [])

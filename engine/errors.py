@@ -23,7 +23,8 @@ ExportError                      (code, message, hint, stage, location, details,
 ├── DiskQuotaExceeded            disk_quota_exceeded  (a file over RLIMIT_FSIZE: EFBIG)
 └── InternalError                internal_error — a bug of ours
 ```
-torch's own exceptions are turned into these in exactly one place, `engine.diagnostics`.
+torch's own exceptions are turned into these in exactly one place,
+`engine.diagnostics.classification`.
 Default hints come from the contract's catalogue (`schemas.outcomes`); the limits the
 sandbox enforces from outside (time, memory, disk, cancel) are judged by the runner.
 """

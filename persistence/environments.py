@@ -1,7 +1,7 @@
 """The environments workers describe when they start, kept in the database for the API.
 
 The API never imports torch, and in production it runs in another container than the
-workers: each worker describes its own environment (`engine.libraries`) at start and
+workers: each worker describes its own environment (`engine.environment.libraries`) at start and
 records it here, keyed by queue and host; `GET /v1/environment` answers each queue's most
 recent.
 """

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # System packages: bubblewrap (the sandbox's outer layer), Chromium (browser tests),
 # docker-compose and kubectl (offline validation of the compose file and Kubernetes
 # manifests), g++ (the AOTInductor target compiles C++), zip and curl (the commands of
-# docs/huggingface.md, which tests/test_cli_walkthrough.py runs).
+# docs/huggingface.md, which tests/cli/test_walkthrough.py runs).
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v chromium >/dev/null || need+=(chromium)
@@ -39,23 +39,28 @@ pip install -q --no-deps executorch==1.4.1 torchao==0.18.0
 if (($#)); then
   exec python -m pytest -q -p no:cacheprovider "$@"
 fi
-# All tests, in two pytest runs side by side: the engine's and the API's tests (no
+# The quick checks first (scripts/check.sh): a lint or layering slip is reported in a
+# minute, not after the suite.
+bash scripts/check.sh
+# Then all tests, in two pytest runs side by side: the engine's and the API's tests (no
 # sandbox; the API's each in a database and Redis prefix of their own) beside the rest,
 # which runs as one, since sandboxes, servers, workers and the browser share the
-# machine's sandbox slots and job uids.
-PARALLEL=(tests/engine tests/service tests/test_layering.py tests/test_quality.py
-  tests/test_contract_doc.py tests/test_schemas_requires.py tests/test_cli_summary.py)
+# machine's sandbox slots and job uids. `-m "not slow"` is the fast lane.
+CHECKED=(tests/test_quality.py tests/test_layering.py tests/test_contract_doc.py
+  tests/test_docs_are_references.py)
+PARALLEL=(tests/engine tests/service tests/schemas tests/cli/test_summary.py)
 log=$(mktemp)
 python -m pytest -q -p no:cacheprovider --durations=25 "${PARALLEL[@]}" >"$log" 2>&1 &
 engine=$!
 rest=0
-python -m pytest -q -p no:cacheprovider --durations=25 tests "${PARALLEL[@]/#/--ignore=}" || rest=$?
+python -m pytest -q -p no:cacheprovider --durations=25 tests "${PARALLEL[@]/#/--ignore=}" \
+  "${CHECKED[@]/#/--ignore=}" || rest=$?
 engine_rc=0
 wait "$engine" || engine_rc=$?
-echo "--- engine and static checks (run beside the above) ---"
+echo "--- the engine's and the API's tests (run beside the above) ---"
 cat "$log"
 rm -f "$log"
 if ((rest || engine_rc)); then
-  echo "tests failed: engine and checks exit $engine_rc, the rest exit $rest" >&2
+  echo "tests failed: the engine's and the API's exit $engine_rc, the rest exit $rest" >&2
   exit 1
 fi

@@ -28,7 +28,7 @@ def _modules_after_import(module: str) -> set[str]:
     return {name.split(".")[0] for name in json.loads(out.stdout.splitlines()[-1])}
 
 
-@pytest.mark.parametrize("module", ["engine.pipeline", "engine.roundtrip"])
+@pytest.mark.parametrize("module", ["engine.pipeline.export", "engine.serialize.roundtrip"])
 def test_engine_imports_no_web_queue_or_database_code(module: str) -> None:
     loaded = _modules_after_import(module)
     assert "torch" in loaded
@@ -44,7 +44,7 @@ def test_engine_imports_no_web_queue_or_database_code(module: str) -> None:
 
 
 def test_roundtrip_loader_imports_only_torch_and_stdlib() -> None:
-    loaded = _modules_after_import("engine.roundtrip")
+    loaded = _modules_after_import("engine.serialize.roundtrip")
     assert not loaded & {"pydantic", "schemas", "persistence", "service", "worker", "rich"}
 
 
@@ -88,9 +88,9 @@ def test_schemas_import_nothing_of_ours() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "engine.artifacts",
-        "engine.libraries",
-        "worker.sandbox.runner",
+        "engine.serialize.artifacts",
+        "engine.environment.libraries",
+        "worker.sandbox.host.runner",
         "worker.environment",
         "torchport.commands.export",
         "torchport.commands.env",
@@ -255,3 +255,81 @@ def test_no_import_circles_between_the_web_pages_scripts() -> None:
     assert {"job.js", "result.js", "failure.js", "again.js"} <= set(graph)
     assert "again.js" in graph["job.js"] and "result.js" in graph["failure.js"]
     assert _circles(graph) == []
+
+
+def test_the_engines_public_face_is_lazy_and_complete() -> None:
+    code = (
+        "import json, sys, engine; before = 'torch' in sys.modules; "
+        "found = {n: getattr(engine, n).__module__ for n in engine.__all__}; "
+        "print(json.dumps([before, found]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    torch_at_import, found = json.loads(out.stdout.splitlines()[-1])
+    assert torch_at_import is False  # `import engine` alone imports no torch
+    assert set(found) == {
+        "ExportError",
+        "ExportRequest",
+        "ExportResult",
+        "Upload",
+        "describe_environment",
+        "run_export",
+        "warm_up",
+    }
+    assert all(module.startswith("engine.") for module in found.values())
+
+
+STAGES = ["load", "trace", "decompose", "verify", "serialize"]
+"""The engine's stage packages in the order a job runs them."""
+LATER_THAN_STAGES = {"pipeline", "targets"}
+"""Packages that run the stages (and the targets after them): no stage imports them."""
+
+
+def test_engine_stages_import_only_earlier_stages() -> None:
+    offenders = []
+    for file, module in _imports("engine"):
+        parts = file.split("/")
+        if len(parts) < 3 or parts[1] not in STAGES or not module.startswith("engine."):
+            continue
+        stage, imported = parts[1], module.split(".")[1]
+        if imported in LATER_THAN_STAGES or (
+            imported in STAGES and STAGES.index(imported) > STAGES.index(stage)
+        ):
+            offenders.append(f"{file}: {module}")
+    assert offenders == []
+
+
+def test_the_sandbox_host_side_imports_neither_the_zygote_side_nor_torch() -> None:
+    offenders = [
+        f"{file}: {module}"
+        for file, module in _imports("worker/sandbox/host")
+        if module.split(".")[0] == "torch"
+        or module.startswith(("worker.sandbox.zygote", "worker.sandbox.child"))
+    ]
+    assert offenders == []
+    loaded = _full_modules_after_import("worker.sandbox.host.runner")
+    assert "torch" not in {name.split(".")[0] for name in loaded}
+    assert not [
+        n for n in loaded if n.startswith(("worker.sandbox.zygote", "worker.sandbox.child"))
+    ]
+
+
+def _full_modules_after_import(module: str) -> set[str]:
+    code = f"import json, sys; import {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_no_level_holds_more_than_a_dozen_modules() -> None:
+    crowded = {
+        folder.relative_to(ROOT).as_posix(): count
+        for top in ("engine", "worker/sandbox")
+        for folder in [ROOT / top, *(ROOT / top).rglob("*/")]
+        if folder.is_dir()
+        and (folder / "__init__.py").exists()
+        and (count := len([p for p in folder.glob("*.py") if p.name != "__init__.py"])) > 13
+    }
+    assert crowded == {}

@@ -1,7 +1,8 @@
 """A worker describes its environment at start, for `GET /v1/environment`.
 
 The API runs in another container and never imports torch, so it cannot look: each
-worker process, once ready, describes the interpreter its jobs run in (`engine.libraries`:
+worker process, once ready, describes the interpreter its jobs run in
+(`engine.environment.libraries`:
 package metadata, and each model library imported in a fresh isolated interpreter, never
 in this process or the zygote) and records it per queue it consumes.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from engine.libraries import describe_environment
+from engine.environment.libraries import describe_environment
 from persistence.environments import record_environment
 from worker.execution import WorkerContext
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def record(context: WorkerContext, *, check: bool = True, cached_only: bool = False) -> None:
     """Describe this worker's environment and record it for each of its queues
-    (`cached_only`: see `engine.libraries.describe_environment`)."""
+    (`cached_only`: see `engine.environment.libraries.describe_environment`)."""
     description = describe_environment(check=check, cached_only=cached_only)
     for queue in context.settings.queue_list:
         record_environment(

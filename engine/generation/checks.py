@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from engine import module_copies
 from engine.errors import VerificationFailed
 from engine.generation.greedy import Step, cached_tokens, check, eager_tokens, first_difference
 from engine.generation.onnx_past import PastProgram, past_tokens
 from engine.generation.ready import Generation, Prompt
 from engine.generation.seq2seq import DECODER_INPUTS, eager_seq2seq_tokens
+from engine.load import module_copies
 from schemas import GenerationCheck, GenerationReport, GenerationRun, ReportWarning
 
 __all__ = [

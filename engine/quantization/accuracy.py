@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from engine.roundtrip import flatten_with_paths
-from engine.sampling import draw_samples, draw_values
-from engine.verification import EXPORTED_RAISED, compare_leaf
+from engine.shapes.sampling import draw_samples, draw_values
+from engine.verify.flat import flatten_with_paths
+from engine.verify.verification import EXPORTED_RAISED, compare_leaf
 from schemas import GenerationCheck, OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 from schemas.options import QuantizeOptions
 from schemas.quantization import (

@@ -13,12 +13,13 @@ global state: `convert(program, args, kwargs, path, ...) -> Path` writes the art
 `load(path, program, ...) -> FlatRunner` loads it for running. Their third-party packages
 (onnx, onnxscript, onnxruntime, executorch) are imported only inside those functions, so
 importing this package costs nothing; `missing(name)` says which are absent (it and
-`REQUIRES` live in the torch-free `engine.target_requirements`, for describing a worker).
+`REQUIRES` live in the torch-free `engine.environment.target_requirements`, for
+describing a worker).
 
 `run_target` is what the pipeline calls: convert, load, verify with the pipeline's own
-verification code (`engine.verification.verify` with a runner), and describe it all as a
+verification code (`engine.verify.verification.verify` with a runner), and describe it all as a
 `TargetResult`; it never raises for a failing target, nor for one over its time budget
-(`engine.time_budget`). How a target fails is `engine.targets.failures`'.
+(`engine.targets.time_budget`). How a target fails is `engine.targets.failures`'.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from engine import profiling, time_budget, verification
-from engine.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
+from engine.environment.target_requirements import REQUIRES, missing
 from engine.generation import (
     Generation,
     mismatch_details,
@@ -42,11 +42,13 @@ from engine.generation import (
     onnx_past,
     runner_check,
 )
+from engine.profile import profiling
 from engine.quantization import Quantizing, accuracy, refusal, takes
-from engine.target_requirements import REQUIRES, missing
-from engine.targets import encoders, failures
+from engine.serialize.artifacts import TARGET_ARTIFACTS, TARGET_COMPANIONS
+from engine.targets import encoders, failures, time_budget
 from engine.targets.failures import HINTS as _HINTS
 from engine.targets.failures import TargetError, clean
+from engine.verify import verification
 from schemas import (
     ExportOptions,
     GenerationCheck,
@@ -146,7 +148,7 @@ def run_target(
         args, kwargs: the example inputs the program was exported with.
         out_dir: where the artifact is written, under its name in `TARGET_ARTIFACTS`.
         options: the export's options (`aoti`, `onnx`, `verify`).
-        names: the user's dim names for torch's symbols (`engine.dim_names`): the
+        names: the user's dim names for torch's symbols (`engine.shapes.dim_names`): the
             verification samples and the ONNX model's dims carry them.
         onnx_external_threshold: bytes of weights above which `onnx.external_data: auto`
             writes `model.onnx.data` (default `onnx.EXTERNAL_DATA_THRESHOLD`).
@@ -157,11 +159,11 @@ def run_target(
         progress: told `"loading"` once the artifact is written and `"verifying"` once
             it is loaded (the pipeline turns them into the stage's progress fraction).
         profiled: when given, a succeeded target adds itself, loaded as it was verified
-            (`engine.profiling.target_subject`), for the profiling stage.
+            (`engine.profile.profiling.target_subject`), for the profiling stage.
         quantizing: option `quantize`: the artifact is quantized, verified against the
             float eager model within the accuracy budget, and its accuracy is added to
             `quantizing.report` (a budget missed fails verification, not the target).
-        budget_s: the seconds it may take, all of it (`engine.time_budget.limit`); over
+        budget_s: the seconds it may take, all of it (`engine.targets.time_budget.limit`); over
             them it fails (`target_failed`, `details.reason` `timeout`), its files removed.
     """
     path = out_dir / TARGET_ARTIFACTS[name]

@@ -1,7 +1,7 @@
 """An encoder-decoder model's encoder in each target, beside its decoder.
 
 The job's program is the decoder (`program.pt2`); the encoder program (`encoder.pt2`,
-`engine.encoder_program`) becomes, per target:
+`engine.pipeline.encoder_program`) becomes, per target:
 
 - `onnx`: `encoder.onnx` (input named as the encoder's, output `last_hidden_state`, its
   dynamic dim `encoder_sequence_length`), run by ONNX Runtime;
@@ -19,8 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine import verification
 from engine.generation import Encoder
+from engine.verify import verification
 from schemas import VerificationReport, VerifyOptions
 from schemas.version import __version__
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from engine.exception_text import chain_text
-from engine.source_map import SourceMap
+from engine.diagnostics.exception_text import chain_text
+from engine.diagnostics.source_map import SourceMap
 from schemas import ErrorBody
 
 __all__ = ["named_op", "pinpoint"]

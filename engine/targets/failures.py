@@ -10,8 +10,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engine import verification
 from engine.targets import failed_ops
+from engine.verify import verification
 from schemas import ErrorBody, SampleCheck, VerificationReport
 from schemas.outcomes import error_body
 

@@ -13,7 +13,7 @@ opset 23, where the core ATen program unrolls every time step and spells attenti
 in matmuls. Other programs, and those the exporter fails on undecomposed, are converted
 decomposed, as `program.pt2` is.
 
-The model carries the user's names (`engine.targets.onnx_names`, `engine.dim_names`):
+The model carries the user's names (`engine.targets.onnx_names`, `engine.shapes.dim_names`):
 inputs as `forward`'s parameters, outputs as the output structure, dynamic dims as the
 dynamic-shapes spec declared them; and in `metadata_props` the torchport version and,
 when known, the task.

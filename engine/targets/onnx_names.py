@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from engine.inputs import parameter_names
+from engine.load.inputs import parameter_names
 
 __all__ = ["input_names", "output_names", "task"]
 

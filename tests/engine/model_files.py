@@ -8,8 +8,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from engine.model import Upload
-from engine.pipeline import ExportRequest, ExportResult, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, ExportResult, run_export
 from schemas import ExportOptions
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

@@ -1,5 +1,6 @@
-"""The `calibration` upload (engine/calibration.py): its three formats, every refusal with
-its code and reason, the check against the traced program, and int8 calibrated on it."""
+"""The `calibration` upload (engine/quantization/calibration.py): its three formats, every
+refusal with its code and reason, the check against the traced program, and int8
+calibrated on it."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import safetensors.torch
 import torch
 from torch.export import Dim
 
-from engine import calibration
 from engine.errors import ExportError
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
+from engine.quantization import calibration
 from schemas import ExportOptions
 from tests.engine.model_files import MODELS
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import engine.loading
+import engine.load.loading
 from engine.errors import InvalidRequest
-from engine.loading import unpack_zip
+from engine.load.loading import unpack_zip
 
 MiB = 1024 * 1024
 
@@ -34,7 +34,7 @@ def checkpoint_files(weights: int, *, folder: str = "ckpt/") -> dict[str, bytes]
 
 @pytest.fixture
 def small_code_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.loading, "MAX_ZIP_BYTES", MiB)
+    monkeypatch.setattr(engine.load.loading, "MAX_ZIP_BYTES", MiB)
 
 
 @pytest.mark.usefixtures("small_code_bound")
@@ -66,7 +66,7 @@ def test_code_keeps_the_code_bound(tmp_path: Path) -> None:
 def test_a_checkpoint_over_its_bound_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine.loading, "MAX_CHECKPOINT_ZIP_BYTES", MiB)
+    monkeypatch.setattr(engine.load.loading, "MAX_CHECKPOINT_ZIP_BYTES", MiB)
     archive = stored_zip(tmp_path / "c.zip", checkpoint_files(2 * MiB))
     with pytest.raises(InvalidRequest) as info:
         unpack_zip(archive, tmp_path / "out")
@@ -79,7 +79,7 @@ def test_a_checkpoint_over_its_bound_is_refused(
 def test_the_default_checkpoint_bound_is_the_contracts() -> None:
     from schemas.limits import CHECKPOINT_ZIP_MAX_UNPACKED_BYTES, ZIP_MAX_UNPACKED_BYTES
 
-    assert engine.loading.MAX_CHECKPOINT_ZIP_BYTES == CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
+    assert engine.load.loading.MAX_CHECKPOINT_ZIP_BYTES == CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
     assert 4 * 1024 * MiB == CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
     assert CHECKPOINT_ZIP_MAX_UNPACKED_BYTES > ZIP_MAX_UNPACKED_BYTES
 
@@ -105,13 +105,13 @@ def test_large_stored_members_are_copied_by_the_kernel(
         tmp_path / "c.zip", {"ckpt/config.json": b"{}", "ckpt/model.safetensors": weights}
     )
     calls: list[int] = []
-    real = engine.loading.os.copy_file_range
+    real = engine.load.loading.os.copy_file_range
 
     def counted(*args: object) -> int:
         calls.append(1)
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine.loading.os, "copy_file_range", counted)
+    monkeypatch.setattr(engine.load.loading.os, "copy_file_range", counted)
     assert unpack_zip(archive, tmp_path / "out") == ["ckpt/config.json", "ckpt/model.safetensors"]
     assert (tmp_path / "out" / "ckpt" / "model.safetensors").read_bytes() == weights
     assert (tmp_path / "out" / "ckpt" / "config.json").read_bytes() == b"{}"  # small: zipfile
@@ -129,7 +129,7 @@ def test_a_refused_kernel_copy_falls_back_to_zipfile(
     def refused(*_: object) -> int:
         raise PermissionError(1, "Operation not permitted")  # a seccomp that denies it
 
-    monkeypatch.setattr(engine.loading.os, "copy_file_range", refused)
+    monkeypatch.setattr(engine.load.loading.os, "copy_file_range", refused)
     unpack_zip(archive, tmp_path / "out")
     assert (tmp_path / "out" / "ckpt" / "w.safetensors").read_bytes() == weights
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model import Upload
-from engine.pipeline import ExportRequest, ExportResult, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, ExportResult, run_export
 from schemas import ExportOptions
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""engine.cia_ops: torch's CIA-op walk kept while the dispatcher does not change.
+"""engine.decompose.cia_ops: torch's CIA-op walk kept while the dispatcher does not change.
 
 Each case runs in a fresh interpreter: installing patches torch for the whole process.
 """
@@ -19,7 +19,7 @@ import torch
 import torch._export.utils as utils
 import torch.export.decomp_utils as decomp_utils
 import torch.export.exported_program as exported_program
-from engine import cia_ops
+from engine.decompose import cia_ops
 
 walk = utils._collect_all_valid_cia_ops
 found = {}

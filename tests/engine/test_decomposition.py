@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from engine.decomposition import (
+from engine.decompose.decomposition import (
     Decomposed,
     decompose,
     is_core_aten,
@@ -19,8 +19,8 @@ from engine.decomposition import (
     resolve_op,
     shrink,
 )
+from engine.diagnostics.source_map import SourceMap
 from engine.errors import DecompositionFailed, InvalidRequest
-from engine.source_map import SourceMap
 from schemas import DecompositionOptions, DecompositionReport
 
 MODELS = Path(__file__).parent.parent / "models"

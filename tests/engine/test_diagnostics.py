@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine import exportdb
-from engine.diagnostics import classify, essential
+from engine.diagnostics import exportdb
+from engine.diagnostics.classification import classify, essential
+from engine.diagnostics.source_map import SourceMap
 from engine.errors import ExportError, InvalidRequest
-from engine.source_map import SourceMap
 from schemas import ErrorBody
 from tests.engine.model_files import MODELS
 from tests.engine.model_files import import_model_file as load_fixture

@@ -13,8 +13,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from engine.decomposition import decompose
-from engine.documents import (
+from engine.decompose.decomposition import decompose
+from engine.diagnostics.source_map import SourceMap
+from engine.serialize.documents import (
     graph_document,
     model_summary,
     op_histogram,
@@ -22,7 +23,6 @@ from engine.documents import (
     signature_document,
     target_name,
 )
-from engine.source_map import SourceMap
 from schemas import (
     DecompositionOptions,
     Graph,

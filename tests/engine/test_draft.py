@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from engine.draft import draft_issues
-from engine.model import LoadedModel
+from engine.load.model import LoadedModel
+from engine.trace.draft import draft_issues
 from tests.engine.test_diagnostics import SOURCE_MAP, load_fixture
 
 

@@ -10,15 +10,9 @@ import torch
 from torch.export import Dim
 from torch.export.dynamic_shapes import _DerivedDim
 
-from engine.dynamic_shapes import (
-    REASONS,
-    apply_fixes,
-    fix_to_json,
-    suggested_fixes,
-    to_json,
-    to_torch,
-)
 from engine.errors import InvalidRequest
+from engine.shapes.grammar import REASONS, to_torch
+from engine.shapes.json_form import apply_fixes, fix_to_json, suggested_fixes, to_json
 from schemas import DynamicShapeFix, ExportOptions, dynamic_shapes_adapter
 
 
@@ -391,7 +385,7 @@ class _Pair(torch.nn.Module):
 
 
 def test_size_one_dims_are_widened_with_derived_dims_and_values_kept() -> None:
-    from engine.dynamic_shapes import widen_size_one_dims
+    from engine.shapes.examples import widen_size_one_dims
 
     batch = Dim("batch", min=1, max=8)
     x, y, z = torch.randn(1, 3), torch.randn(2, 3), torch.randn(1, 1)
@@ -411,7 +405,7 @@ def test_size_one_dims_are_widened_with_derived_dims_and_values_kept() -> None:
 
 
 def test_nothing_is_widened_at_other_sizes_or_where_the_range_stops_at_one() -> None:
-    from engine.dynamic_shapes import widen_size_one_dims
+    from engine.shapes.examples import widen_size_one_dims
 
     module, args = _Pair(), (torch.randn(2, 3), torch.randn(3, 3), torch.randn(1, 1))
     assert widen_size_one_dims(module, args, {}, {"x": {0: Dim("b", min=1, max=8)}}) is None
@@ -430,7 +424,7 @@ def _summary(path: str, name: str | None, shape: list[int] | None, dtype: str = 
 
 
 def test_suggested_spec_shares_batch_and_seq_where_sizes_are_equal() -> None:
-    from engine.dynamic_shapes import suggest_spec
+    from engine.shapes.examples import suggest_spec
 
     text = [
         _summary("kwargs['input_ids']", "input_ids", [1, 8], "int64"),
@@ -445,7 +439,7 @@ def test_suggested_spec_shares_batch_and_seq_where_sizes_are_equal() -> None:
 
 
 def test_no_batch_is_suggested_when_sizes_differ_or_only_vectors_are_given() -> None:
-    from engine.dynamic_shapes import suggest_spec
+    from engine.shapes.examples import suggest_spec
 
     differ = [_summary("args[0]", "x", [4, 3]), _summary("args[1]", "y", [5, 3])]
     assert suggest_spec(differ) is None

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.foreign_ops import TORCH_NAMESPACES, foreign_ops
-from engine.source_map import SourceMap
+from engine.diagnostics.source_map import SourceMap
+from engine.serialize.foreign_ops import TORCH_NAMESPACES, foreign_ops
 from tests.engine.model_files import MODELS, import_model_file
 from tests.engine.model_files import export_file as export
 
@@ -31,7 +31,7 @@ def test_torch_namespaces_are_those_of_a_bare_import() -> None:
 def test_an_uploads_own_operator_fails_before_the_save(tmp_path: Path, early: bool) -> None:
     prefetched: list[Path] = []
     # with a loader that can be dropped, the program is saved before verification
-    # (engine.program_save.EarlySave); the refusal still comes after it, at the same stage
+    # (engine.serialize.program_save.EarlySave); the refusal still comes after it, at the same stage
     callbacks = {"roundtrip_prefetch": prefetched.append, "roundtrip_drop": lambda: None}
     result = export(tmp_path, "portable_library_op.py", **(callbacks if early else {}))
     assert prefetched == []

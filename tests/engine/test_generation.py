@@ -156,8 +156,8 @@ def test_without_verification_the_cache_is_reported_unchecked(tmp_path: Path) ->
 
 
 def test_an_uploaded_inputs_file_keeps_the_plain_forward(tmp_path: Path) -> None:
-    from engine.model import Upload
-    from engine.pipeline import ExportRequest, run_export
+    from engine.load.model import Upload
+    from engine.pipeline.export import ExportRequest, run_export
     from schemas import ExportOptions
 
     archive = zip_directory(llama(tmp_path), tmp_path / "llama.zip")

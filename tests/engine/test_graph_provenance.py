@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.decomposition import decompose
-from engine.documents import graph_document
-from engine.source_map import SourceMap
+from engine.decompose.decomposition import decompose
+from engine.diagnostics.source_map import SourceMap
+from engine.serialize.documents import graph_document
 from schemas import DecompositionOptions, GraphDocument, GraphNode
 from tests.engine import library_blocks
 

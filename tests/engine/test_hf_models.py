@@ -13,7 +13,7 @@ import pytest
 import sympy
 import torch
 
-from engine.pipeline import ExportResult
+from engine.pipeline.export import ExportResult
 from tests.engine.model_files import export_file as export
 
 

@@ -10,7 +10,7 @@ import safetensors.torch
 import torch
 
 from engine.errors import InvalidInputs
-from engine.inputs import build_inputs, normalize_inputs, read_inputs, summarize_inputs
+from engine.load.inputs import build_inputs, normalize_inputs, read_inputs, summarize_inputs
 
 
 class Payload:

@@ -1,4 +1,4 @@
-"""engine.libraries and what the pipeline does with it: the upload's `requires`, the
+"""engine.environment.libraries and what the pipeline does with it: the upload's `requires`, the
 libraries it imported in report.json, the installed environment."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from engine import libraries
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.environment import libraries
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
 from schemas import MODEL_LIBRARIES, ExportOptions, ReportDocument
 
 MODELS = Path(__file__).parents[1] / "models"

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from engine.library_adaptations import adapt_for_export
+from engine.trace.library_adaptations import adapt_for_export
 from tests.engine.model_files import import_model_file
 
 pytest.importorskip("transformers")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
 from schemas import ExportOptions
 
 TEMPLATE = """

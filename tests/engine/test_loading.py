@@ -15,7 +15,7 @@ import safetensors.torch
 import torch
 from torch.export import Dim
 
-import engine.loading
+import engine.load.loading
 from engine.errors import (
     EagerRunFailed,
     ExportError,
@@ -25,8 +25,8 @@ from engine.errors import (
     ModelNotFound,
     WeightsMismatch,
 )
-from engine.loading import load, unpack_zip
-from engine.model import LoadedModel, Upload
+from engine.load.loading import load, unpack_zip
+from engine.load.model import LoadedModel, Upload
 from schemas import ExportOptions
 from schemas.outcomes import outcome
 
@@ -306,7 +306,7 @@ def test_eager_run_without_deepcopy_restores_buffers(tmp_path: Path) -> None:
             raise TypeError("no copies")
 
     module = Uncopyable(loaded.module)
-    outputs, buffers = engine.loading.run_eager(module, loaded.args, {}, loaded.source_map)
+    outputs, buffers = engine.load.loading.run_eager(module, loaded.args, {}, loaded.source_map)
     assert torch.equal(outputs, torch.full((2,), 3.0))
     assert torch.equal(loaded.args[0], torch.ones(2))
     assert torch.equal(buffers["inner.count"], torch.ones(1))
@@ -608,7 +608,7 @@ def test_zip_symlink_refused(tmp_path: Path) -> None:
 
 
 def test_zip_too_many_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.loading, "MAX_ZIP_FILES", 3)
+    monkeypatch.setattr(engine.load.loading, "MAX_ZIP_FILES", 3)
     archive = make_zip(tmp_path / "m.zip", {f"m{i}.py": "" for i in range(4)})
     error = failure(InvalidRequest, archive, tmp_path)
     assert error.details == {"reason": "too_many_files", "files": 4, "max_files": 3}

@@ -1,4 +1,4 @@
-"""`engine.module_copies` and the runs that use it: the weights exist once, whatever runs."""
+"""`engine.load.module_copies` and the runs that use it: the weights exist once, whatever runs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import module_copies
-from engine.eager import run_eager
+from engine.diagnostics.source_map import SourceMap
 from engine.errors import EagerRunFailed
-from engine.source_map import SourceMap
-from engine.verification import WEIGHTS_CHANGED, verify
+from engine.load import module_copies
+from engine.load.eager import run_eager
+from engine.verify.verification import WEIGHTS_CHANGED, verify
 from schemas import VerifyOptions
 
 

@@ -12,8 +12,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim
 
-from engine import documents, targets
-from engine.dim_names import dim_names
+from engine import targets
+from engine.serialize import documents
+from engine.shapes.dim_names import dim_names
 from engine.targets import onnx_names
 from schemas import ExportOptions, TargetResult
 from schemas.version import __version__
@@ -117,7 +118,7 @@ def test_a_derived_dim_names_its_root_and_auto_keeps_torchs_symbol() -> None:
 
 
 def test_verification_samples_are_keyed_by_the_users_dim_names(tagger: Any) -> None:
-    from engine import verification
+    from engine.verify import verification
 
     module, ep, names = tagger
     opts = ExportOptions().verify

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine import decomposition, targets
+from engine import targets
+from engine.decompose import decomposition
 from schemas import DecompositionOptions, ExportOptions, TargetResult
 
 pytest.importorskip("onnxruntime", reason="target onnx needs onnxruntime")

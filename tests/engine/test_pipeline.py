@@ -9,9 +9,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.artifacts import ARTIFACT_NAMES
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
+from engine.serialize.artifacts import ARTIFACT_NAMES
 from schemas import ExportOptions, Progress, ReportDocument
 
 MODELS = Path(__file__).parents[1] / "models"
@@ -184,8 +184,8 @@ def test_warnings_raised_while_exporting_are_reported_once_with_their_location(
 def test_resource_warnings_from_elsewhere_are_not_the_users_concern(tmp_path: Path) -> None:
     import warnings
 
-    from engine.pipeline import _torch_warnings
-    from engine.source_map import SourceMap
+    from engine.diagnostics.source_map import SourceMap
+    from engine.pipeline.export import _torch_warnings
 
     def caught(category: type[Warning], filename: str) -> warnings.WarningMessage:
         return warnings.WarningMessage(f"unclosed file in {filename}", category, filename, 3)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine import roundtrip
-from engine.portability import from_plain, make_portable, non_portable_types, to_plain
-from engine.verification import verify
+from engine.serialize import roundtrip
+from engine.serialize.portability import from_plain, make_portable, non_portable_types, to_plain
+from engine.verify.verification import verify
 from schemas import VerifyOptions
 from tests.engine.model_files import import_model_file as fixture
 

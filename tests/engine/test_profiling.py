@@ -1,4 +1,4 @@
-"""Profiles of a job's artifacts (engine.profiling, option `profile`, `report.profile`).
+"""Profiles of a job's artifacts (engine.profile.profiling, option `profile`, `report.profile`).
 
 Timings on a shared machine are noise: these tests assert structure and relations (counts,
 p50 ≤ p90, positive values, the budget's effect), never speeds.
@@ -15,7 +15,8 @@ import jsonschema
 import pytest
 import torch
 
-from engine import profiling, targets
+from engine import targets
+from engine.profile import profiling
 from schemas import ExportOptions, ProfileOptions, ProfileReport, ReportDocument
 from tests.engine.model_files import export_file
 from tests.engine.test_targets import needs

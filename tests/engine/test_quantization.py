@@ -70,7 +70,7 @@ def test_an_artifact_outside_the_cosine_budget_fails_its_verification() -> None:
 def test_a_static_program_is_sampled_with_other_values_of_the_examples_shapes() -> None:
     """Without dynamic dimensions quantization's calibration and accuracy vary the values:
     floats drawn afresh, integers inside the example's own range, non-tensors as given."""
-    from engine.sampling import draw_values
+    from engine.shapes.sampling import draw_values
 
     args = (torch.randn(2, 3), torch.tensor([[4, 7], [5, 6]]), 3)
     drawn = draw_values(args, {"mask": torch.ones(2, 2, dtype=torch.bool)}, 3, 0)

@@ -1,4 +1,5 @@
-"""`engine.resident_memory`: the resident set, peaks over a stretch, freed memory given back."""
+"""`engine.profile.resident_memory`: the resident set, peaks over a stretch, freed memory
+given back."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import resident_memory
-from engine.export_run import ExportRun
-from engine.model import Upload
-from engine.pipeline import ExportRequest
-from engine.resident_memory import PeakWatch
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest
+from engine.pipeline.run_state import ExportRun
+from engine.profile import resident_memory
+from engine.profile.resident_memory import PeakWatch
 from schemas import ExportOptions
 
 MB = 2**20

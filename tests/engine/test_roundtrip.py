@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine import roundtrip
-from engine.source_map import SourceMap
+from engine.diagnostics.source_map import SourceMap
+from engine.serialize import roundtrip
 from tests.engine.model_files import import_model_file as fixture
 
 
@@ -156,7 +156,15 @@ def test_the_module_entry_point_writes_the_json(
     pt2, payload, _ = affine
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-I", "-m", "engine.roundtrip", str(pt2), str(payload), str(out)],
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "engine.serialize.roundtrip",
+            str(pt2),
+            str(payload),
+            str(out),
+        ],
         cwd=tmp_path,
         capture_output=True,
         check=False,
@@ -174,7 +182,7 @@ def test_the_loading_process_imports_only_torch(
     pt2, payload, _ = affine
     code = (
         "import json, sys\n"
-        "from engine.roundtrip import check_saved\n"
+        "from engine.serialize.roundtrip import check_saved\n"
         "check_saved(sys.argv[1], sys.argv[2])\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )
@@ -220,8 +228,8 @@ def test_loading_first_and_running_later_is_the_same_check(
 
 
 def test_the_pipeline_announces_the_saved_program_before_the_round_trip(tmp_path: Path) -> None:
-    from engine import pipeline
-    from engine.model import Upload
+    from engine.load.model import Upload
+    from engine.pipeline import export as pipeline
     from schemas import ExportOptions
 
     model = tmp_path / "model.py"
@@ -283,7 +291,7 @@ def _stage_spy() -> tuple[list[tuple[str, ...]], dict[str, Any]]:
 def test_with_a_droppable_loader_the_program_is_saved_before_verification(
     tmp_path: Path,
 ) -> None:
-    """The loader loads the program while verification runs (engine.program_save); the
+    """The loader loads the program while verification runs (engine.serialize.program_save); the
     stages keep their order and the round trip checks the program saved then."""
     from tests.engine.model_files import export_file
 
@@ -339,7 +347,7 @@ def test_an_early_save_that_fails_leaves_nothing_and_announces_nothing(
 ) -> None:
     """A failed early save is not reported where it happened: the file is gone, no
     loader was told of it, and the serializing stage saves (and fails) again."""
-    from engine.program_save import EarlySave
+    from engine.serialize.program_save import EarlySave
 
     ep = torch.export.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),))
     path = tmp_path / "program.pt2"

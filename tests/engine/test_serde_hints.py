@@ -1,4 +1,5 @@
-"""torch's deserializer with the schema's type hints kept per class (engine.serde_hints)."""
+"""torch's deserializer with the schema's type hints kept per class
+(engine.serialize.serde_hints)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch._export.serde import schema, serialize
 
-from engine import serde_hints
+from engine.serialize import serde_hints
 
 REAL_GET_TYPE_HINTS = typing.get_type_hints
 

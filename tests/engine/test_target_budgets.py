@@ -1,6 +1,7 @@
-"""Time budgets of the deployment targets (engine.time_budget, engine.target_stages): each
-target's share of the job's time, the limit that stops one wherever it is, and the
-provisional report a sandboxed job writes before each target and before profiling."""
+"""Time budgets of the deployment targets (engine.targets.time_budget,
+engine.pipeline.target_stages): each target's share of the job's time, the limit that
+stops one wherever it is, and the provisional report a sandboxed job writes before each
+target and before profiling."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from engine import time_budget
-from engine.artifacts import PROVISIONAL_REPORT
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
+from engine.serialize.artifacts import PROVISIONAL_REPORT
+from engine.targets import time_budget
 from schemas import ExportOptions, Progress
 from tests.engine.model_files import MODELS
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from engine import targets, verification
+from engine import targets
 from engine.targets import executorch, failures
+from engine.verify import verification
 from schemas import ExportOptions, SampleCheck, VerificationReport
 
 UPSTREAM = (

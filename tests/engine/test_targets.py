@@ -19,9 +19,9 @@ import torch
 from torch.export import Dim
 
 from engine import targets
-from engine.artifacts import TARGET_ARTIFACTS
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
+from engine.serialize.artifacts import TARGET_ARTIFACTS
 from engine.targets import aoti
 from engine.targets import onnx as onnx_target
 from schemas import ExportOptions, TargetResult

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from engine.diagnostics.source_map import SourceMap
 from engine.errors import ExportError, InvalidRequest
-from engine.model import LoadedModel
-from engine.source_map import SourceMap
-from engine.tracing import MAX_FIX_ROUNDS, Traced, trace
+from engine.load.model import LoadedModel
+from engine.trace.tracing import MAX_FIX_ROUNDS, Traced, trace
 from schemas import ExportOptions, TracingReport
 
 MODELS = Path(__file__).parent.parent / "models"

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine import training_mode
 from engine.errors import InvalidRequest
+from engine.load import training_mode
 from schemas import ReportWarning
 from tests.engine.model_files import export_file, import_model_file
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.verification import compare_leaf, default_tolerance, verify
+from engine.verify.verification import compare_leaf, default_tolerance, verify
 from schemas import VerifyOptions
 from tests.engine.model_files import import_model_file as fixture
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import resident_memory
-from engine.pipeline_steps import partial_verification_warning
-from engine.verification import MEMORY_SHARE, verify
+from engine.pipeline.steps import partial_verification_warning
+from engine.profile import resident_memory
+from engine.verify.verification import MEMORY_SHARE, verify
 from schemas import VerifyOptions
 
 MB = 2**20

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine.errors import ExportError, InvalidInputs, WeightsMismatch
-from engine.loading import load
-from engine.model import LoadedModel, Upload
+from engine.load.loading import load
+from engine.load.model import LoadedModel, Upload
 from schemas import ExportOptions
 
 MODELS = Path(__file__).parents[1] / "models"

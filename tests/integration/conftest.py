@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import MODELS, REDIS_URL, ROOT, pg_url, redis_prefix
+from tests.conftest import REDIS_URL, pg_url, redis_prefix
+from tests.service.conftest import MODELS, ROOT
 
 __all__ = ["pg_url", "redis_prefix"]
 

@@ -15,8 +15,8 @@ import sys
 import tempfile
 
 import torch
-from worker.sandbox.relay import TOOLCHAIN
-from worker.sandbox.requests import channel
+from worker.sandbox.zygote.relay import TOOLCHAIN
+from worker.sandbox.child.requests import channel
 
 outcome = {}
 scratch = tempfile.mkdtemp()

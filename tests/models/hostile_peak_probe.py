@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from engine import resident_memory
+from engine.profile import resident_memory
 
 threads = sorted(thread.name for thread in threading.enumerate())
 print(f"PEAK-RESET={resident_memory.reset_peak()} THREADS={threads}", file=sys.stderr)

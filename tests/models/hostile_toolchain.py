@@ -16,8 +16,8 @@ import os
 import tempfile
 
 import torch
-from worker.sandbox.relay import TOOLCHAIN
-from worker.sandbox.requests import channel
+from worker.sandbox.zygote.relay import TOOLCHAIN
+from worker.sandbox.child.requests import channel
 
 scratch = tempfile.mkdtemp()
 marker = os.path.join(scratch, "PWNED")

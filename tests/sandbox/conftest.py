@@ -24,8 +24,9 @@ import pytest
 
 import worker.sandbox
 from schemas import ExportOptions
-from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings, landlock
-from worker.sandbox.slots import SlotLeases
+from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings
+from worker.sandbox.confinement import landlock
+from worker.sandbox.host.slots import SlotLeases
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CANARY = "canary-" + os.urandom(8).hex()
@@ -244,7 +245,7 @@ def _arena(spares: bool) -> Iterator[Arena]:
     for path in (sibling, sibling / "in", sibling / "in" / "model.py"):
         os.chown(path, JOB_UID, JOB_UID)  # the same uid as every job: only Landlock stops it
     package = Path(worker.sandbox.__file__).resolve()
-    installed = [package, Path(worker.sandbox.runner.__file__).resolve()]
+    installed = [package, Path(worker.sandbox.host.runner.__file__).resolve()]
     import engine
 
     installed.append(Path(engine.__file__).resolve())
@@ -268,7 +269,7 @@ def _arena(spares: bool) -> Iterator[Arena]:
 
 def supported_layers() -> set[str]:
     """The layers this machine supports, probed independently of the runner."""
-    from worker.sandbox import layers, lockdown
+    from worker.sandbox.confinement import layers, lockdown
 
     host = layers.probe(lockdown.code_paths())
     found = {"zygote", "rlimits", "no_new_privs"}

@@ -33,7 +33,7 @@ def try_exec():
 DRIVER = """
 import json, socket, sys, builtins
 from pathlib import Path
-from worker.sandbox.child import _Attempts
+from worker.sandbox.child.run import _Attempts
 
 attempts = _Attempts([Path(sys.argv[1])])
 sys.addaudithook(attempts.hook)
@@ -76,7 +76,7 @@ def test_only_the_uploads_own_forbidden_actions_are_recorded(tmp_path: Path) -> 
 LIBRARY_DRIVER = """
 import json, socket, sys
 from pathlib import Path
-from worker.sandbox.child import _Attempts, denied_warning
+from worker.sandbox.child.run import _Attempts, denied_warning
 
 attempts = _Attempts([Path(sys.argv[1])])
 sys.addaudithook(attempts.hook)

@@ -16,7 +16,8 @@ import pytest
 
 from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, fresh_runner
-from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings, quota, results
+from worker.sandbox import SandboxJob, SandboxResult, SandboxRunner, SandboxSettings
+from worker.sandbox.host import quota, results
 
 DISK_MB = 64
 MAX_INODES = 500

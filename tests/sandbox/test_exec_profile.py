@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.sandbox import landlock, seccomp
-from worker.sandbox.lockdown import Confinement, Limits, apply, code_paths
+from worker.sandbox.confinement import landlock, seccomp
+from worker.sandbox.confinement.lockdown import Confinement, Limits, apply, code_paths
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or landlock.abi_version() < 1, reason="needs root and Landlock"

@@ -16,7 +16,7 @@ import pytest
 from schemas import GraphDocument, ReportDocument, SignatureDocument
 from tests.sandbox.conftest import Arena
 from worker.sandbox import SandboxSettings
-from worker.sandbox.outputs import Untrusted, count_items, validate
+from worker.sandbox.host.outputs import Untrusted, count_items, validate
 
 MIB = 1 << 20
 LIMITS = SandboxSettings()

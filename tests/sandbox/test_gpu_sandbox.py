@@ -30,16 +30,11 @@ from worker.sandbox import (
     SandboxRunner,
     SandboxSettings,
     SandboxUnavailable,
-    bubblewrap,
-    gpu,
-    landlock,
-    layers,
     local_settings,
-    lockdown,
-    seccomp,
 )
-from worker.sandbox.gpu import GpuAccess
-from worker.sandbox.lockdown import Confinement, Limits
+from worker.sandbox.confinement import bubblewrap, gpu, landlock, layers, lockdown, seccomp
+from worker.sandbox.confinement.gpu import GpuAccess
+from worker.sandbox.confinement.lockdown import Confinement, Limits
 
 CANARY_NAME = "TORCHPORT_TEST_GPU_CANARY"
 JOB_ENV = {"PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "OMP_NUM_THREADS", "PYTHONHASHSEED"}
@@ -497,7 +492,7 @@ def test_cuda_hidden_keeps_torch_export_away_from_the_driver(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch = pytest.importorskip("torch")
-    from worker.sandbox.warmup import cuda_hidden
+    from worker.sandbox.zygote.warmup import cuda_hidden
 
     calls: list[str] = []
     real = torch.cuda.is_available

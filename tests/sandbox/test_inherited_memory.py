@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from tests.sandbox.conftest import MODELS, Arena
-from worker.sandbox.relay import Relay
+from worker.sandbox.zygote.relay import Relay
 
 ROUNDS = 4
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from schemas import ExportOptions
+from worker.sandbox.host.supervisor import job_limits
 from worker.sandbox.settings import SandboxSettings
-from worker.sandbox.supervisor import job_limits
 
 
 def test_the_worker_caps_a_jobs_time_and_memory() -> None:

@@ -26,7 +26,8 @@ from tests.sandbox.conftest import (
     supported_layers,
     wait_for_first_slot,
 )
-from worker.sandbox import SandboxJob, SandboxUnavailable, layers
+from worker.sandbox import SandboxJob, SandboxUnavailable
+from worker.sandbox.confinement import layers
 
 
 def probe(arena_or_runner: object, model: Path, job_dir: Path) -> tuple[dict, list[str]]:

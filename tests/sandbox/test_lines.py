@@ -150,7 +150,7 @@ def test_a_loaders_answer_is_passed_on_while_read_and_given_up_when_not() -> Non
     reads, and gives up on a job that leaves it unread (it would block every job)."""
     import threading
 
-    from worker.sandbox.relay import Relay, UnreadAnswer
+    from worker.sandbox.zygote.relay import Relay, UnreadAnswer
 
     line = b'{"outputs": "' + b"x" * (200 << 10) + b'"}\n'
     for reading in (True, False):

@@ -1,6 +1,7 @@
 """Jobs import everything the worker's environment has, even when Python lives under a
 directory the job uid cannot traverse (pyenv in root's 0700 home): the zygote's private
-mount view without bubblewrap, bubblewrap's binds with it (worker/sandbox/mountview.py)."""
+mount view without bubblewrap, bubblewrap's binds with it
+(worker/sandbox/confinement/mountview.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from schemas import ExportOptions
 from tests.sandbox.conftest import JOB_UID, fresh_runner
-from worker.sandbox import SandboxJob, mountview
+from worker.sandbox import SandboxJob
+from worker.sandbox.confinement import mountview
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="jobs keep the worker's uid")
 

@@ -101,7 +101,7 @@ def test_concurrent_jobs_get_uids_of_their_own(arena: Arena) -> None:
 
 @root_only
 def test_a_job_gets_a_pids_cgroup_of_its_own(arena: Arena) -> None:
-    from worker.sandbox import cgroups
+    from worker.sandbox.confinement import cgroups
 
     if cgroups.JobGroups.open() is None:  # pragma: no cover - depends on the host
         pytest.skip("no writable pids cgroup hierarchy on this host")
@@ -133,7 +133,7 @@ def test_a_job_gets_a_pids_cgroup_of_its_own(arena: Arena) -> None:
 
 @root_only
 def test_groups_of_a_killed_runner_are_removed_by_the_next() -> None:
-    from worker.sandbox import cgroups
+    from worker.sandbox.confinement import cgroups
 
     groups = cgroups.JobGroups.open()
     if groups is None:  # pragma: no cover - depends on the host
@@ -155,7 +155,7 @@ def test_joining_a_job_group_moves_every_thread(threads: int) -> None:
     """A single-threaded child joins through v1's `tasks` (no global lock: 0.3 ms, not
     5-20 ms); one with threads through `cgroup.procs`. Either way every thread of the
     process, and what it starts afterwards, is in the job's group."""
-    from worker.sandbox import cgroups
+    from worker.sandbox.confinement import cgroups
 
     groups = cgroups.JobGroups.open()
     if groups is None:  # pragma: no cover - depends on the host

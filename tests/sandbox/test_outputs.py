@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
 from schemas import ExportOptions
 from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner, run_benign
 from worker.sandbox import SandboxRunner, SandboxSettings
-from worker.sandbox.outputs import Untrusted as _Untrusted
-from worker.sandbox.outputs import take_regular
+from worker.sandbox.host.outputs import Untrusted as _Untrusted
+from worker.sandbox.host.outputs import take_regular
 
 
 @pytest.fixture(scope="module")

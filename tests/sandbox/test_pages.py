@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.sandbox import pages
+from worker.sandbox.zygote import pages
 
 PAGES = 64
 TOUCHED = [*range(10, 20), *range(40, 50)]

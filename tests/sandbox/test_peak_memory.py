@@ -1,6 +1,6 @@
 """A job's peak memory per stage is exact in the sandbox: the job child holds its
 `/proc/self/clear_refs` open from before its lockdown (lockdown.apply), so no thread
-samples its resident set (engine/resident_memory.py)."""
+samples its resident set (engine/profile/resident_memory.py)."""
 
 from __future__ import annotations
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.artifacts import PROVISIONAL_REPORT
-from engine.model import Upload
-from engine.pipeline import ExportRequest, run_export
+from engine.load.model import Upload
+from engine.pipeline.export import ExportRequest, run_export
+from engine.serialize.artifacts import PROVISIONAL_REPORT
 from schemas import ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body
 from tests.sandbox.conftest import MODELS
-from worker.sandbox import SandboxJob, SandboxSettings, results
+from worker.sandbox import SandboxJob, SandboxSettings
+from worker.sandbox.host import results
 
 pytest.importorskip("onnxruntime", reason="the `targets` extra is not installed")
 

@@ -19,7 +19,7 @@ from schemas import ExportOptions
 from tests.sandbox.conftest import JOB_UID, Arena, fresh_runner
 from tests.sandbox.test_neighbours import _model, _probe
 from worker.sandbox import SandboxJob, SandboxResult
-from worker.sandbox.slots import SlotLeases
+from worker.sandbox.host.slots import SlotLeases
 
 HOLD = """
 import fcntl, os, sys, time

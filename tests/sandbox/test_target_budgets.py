@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.artifacts import PROVISIONAL_REPORT
+from engine.serialize.artifacts import PROVISIONAL_REPORT
 from schemas import SandboxReport
 from tests.sandbox.conftest import fresh_runner, run_upload
 from worker.sandbox import SandboxResult, SandboxRunner

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox.conftest import fresh_runner, run_upload
-from worker.sandbox import SandboxResult, SandboxRunner, converters
+from worker.sandbox import SandboxResult, SandboxRunner
+from worker.sandbox.confinement import converters
 
 pytest.importorskip("onnxruntime", reason="the `targets` extra is not installed")
 pytest.importorskip("executorch", reason="executorch is not installed (docs/targets.md)")

@@ -1,5 +1,5 @@
 """The zygote starts where libraries that start threads are installed, and names a thread
-it cannot stop (worker/sandbox/threads.py)."""
+it cannot stop (worker/sandbox/zygote/threads.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from worker.sandbox import threads
+from worker.sandbox.zygote import threads
 
 
 def _run(code: str) -> str:
@@ -24,7 +24,7 @@ def test_tqdm_starts_its_monitor_thread_unless_quieted() -> None:
     pytest.importorskip("tqdm")
     code = """
         import io, os
-        from worker.sandbox import threads
+        from worker.sandbox.zygote import threads
         {quiet}
         before = threads.task_ids()
         import tqdm
@@ -40,7 +40,7 @@ def test_torch_fx_interpreter_starts_no_thread_once_quieted() -> None:
     """The path the zygote's warm-up takes: `Interpreter.run` makes a `torch.hub.tqdm`."""
     pytest.importorskip("tqdm")
     code = """
-        from worker.sandbox import threads
+        from worker.sandbox.zygote import threads
         threads.quiet_libraries()
         import torch
         torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""The toolchain broker's templates (worker/sandbox/toolchain_commands.py): the commands a
+"""The toolchain broker's templates (worker/sandbox/zygote/toolchain_commands.py): the commands a
 job may have run for it are built from the broker's own templates; a job names its files
 and picks knobs from fixed sets, and every way of bending the toolchain into loading or
 running something of its choosing is refused."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.sandbox.converters import toolchain
-from worker.sandbox.toolchain_commands import ISAS, Paths, Refused, build, describe
+from worker.sandbox.confinement.converters import toolchain
+from worker.sandbox.zygote.toolchain_commands import ISAS, Paths, Refused, build, describe
 
 GXX = "/usr/bin/x86_64-linux-gnu-g++-12"
 FLATC = "/site/executorch/data/bin/flatc"

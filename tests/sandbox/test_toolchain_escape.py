@@ -17,15 +17,10 @@ from typing import Any
 import pytest
 
 from tests.sandbox.conftest import fresh_runner, job_uids, run_upload
-from worker.sandbox import (
-    SandboxResult,
-    SandboxRunner,
-    converters,
-)
-from worker.sandbox import (
-    runner as runner_mod,
-)
-from worker.sandbox.tree import scan
+from worker.sandbox import SandboxResult, SandboxRunner
+from worker.sandbox.confinement import converters
+from worker.sandbox.host import runner as runner_mod
+from worker.sandbox.host.tree import scan
 
 needs_compiler = pytest.mark.skipif(
     not converters.programs(["aoti"]), reason="no C++ compiler on this machine"

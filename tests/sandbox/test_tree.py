@@ -1,4 +1,4 @@
-"""Memory and disk are limits of a job's whole process tree (worker/sandbox/tree.py), not
+"""Memory and disk are limits of a job's whole process tree (worker/sandbox/host/tree.py), not
 of the job child alone: the issue's attack had three forked children each touch 800 MB
 under `memory_mb: 1024`, and children keep deleted files open past the disk quota, while
 the worker read only the job process's own memory and descriptors. Here real processes in
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.sandbox import cgroups, quota
+from worker.sandbox.confinement import cgroups
+from worker.sandbox.host import quota
+from worker.sandbox.host.tree import JobTree, read_private, session_members
 from worker.sandbox.processes import read_rss
-from worker.sandbox.tree import JobTree, read_private, session_members
 
 MIB = 1 << 20
 EACH_MB = 96

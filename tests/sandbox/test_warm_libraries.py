@@ -1,4 +1,4 @@
-"""The zygote's warm model libraries (worker/sandbox/warm_libraries.py): those that import
+"""The zygote's warm model libraries (worker/sandbox/zygote/warm_libraries.py): those that import
 cleanly are imported before it forks, one that fails, starts a thread or hangs is skipped,
 and every job still sees each library as it was after its import."""
 
@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from worker.sandbox import SandboxResult, SandboxSettings
-from worker.sandbox.warm_libraries import default_libraries, wanted_libraries
+from worker.sandbox.zygote.warm_libraries import default_libraries, wanted_libraries
 
 from .conftest import MODELS, Arena
 
@@ -33,7 +33,7 @@ LIBRARIES = {
 
 DRIVER = """
 import json, sys
-from worker.sandbox import threads, warm_libraries
+from worker.sandbox.zygote import threads, warm_libraries
 before = threads.task_ids()
 warmed = warm_libraries.warm_libraries(json.loads(sys.argv[1]), timeout_s=float(sys.argv[2]))
 print(json.dumps({

@@ -7,54 +7,26 @@ parallel suites on the same servers never see each other's jobs.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-import psycopg
 import pytest
-import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
-from persistence.database import migrate
 from persistence.models import Job
 from service.app import build_state, create_app
 from service.deps import AppState
 from service.settings import ServiceSettings
+from tests.conftest import REDIS_URL
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "models"
 LOOPBACK_CLIENT = ("127.0.0.1", 50000)
 """The client address of test requests: keyless apps answer loopback clients only
 (TestClient's default, `testclient`, is no address)."""
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this session, migrated to the newest schema."""
-    name = f"torchport_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    migrate(url)
-    yield url
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(scope="session")
-def redis_prefix() -> Iterator[str]:
-    """A Redis key prefix owned by this session; its keys are deleted at the end."""
-    prefix = f"torchport-test-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    for key in client.scan_iter(f"{prefix}*"):
-        client.delete(key)
 
 
 def make_settings(

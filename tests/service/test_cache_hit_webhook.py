@@ -25,7 +25,8 @@ from fastapi.testclient import TestClient
 
 from schemas import JobPublic
 from service.deps import AppState
-from tests.service.conftest import REDIS_URL, ROOT, model_file
+from tests.conftest import REDIS_URL
+from tests.service.conftest import ROOT, model_file
 from tests.service.test_exports import complete
 from tests.webhook_receiver import Receiver
 

@@ -26,7 +26,8 @@ from schemas.errors import ErrorBody
 from service.app import build_state, create_app
 from service.auth import create_key
 from service.deps import AppState
-from tests.service.conftest import REDIS_URL, _truncate, make_settings, model_file
+from tests.conftest import REDIS_URL
+from tests.service.conftest import _truncate, make_settings, model_file
 
 SLOW = 30.0
 """Poll and safety-reload intervals: only a notice can deliver an event sooner."""

@@ -37,7 +37,8 @@ from schemas.errors import ErrorBody
 from service.app import build_state
 from service.auth import create_key
 from service.settings import ServiceSettings
-from tests.service.conftest import REDIS_URL, ROOT, _truncate, make_settings, model_file
+from tests.conftest import REDIS_URL
+from tests.service.conftest import ROOT, _truncate, make_settings, model_file
 
 BURST = 5
 ATTACKER = "127.0.0.1"

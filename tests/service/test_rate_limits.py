@@ -12,7 +12,7 @@ import redis
 
 from service.errors import RateLimited
 from service.rate_limits import RateLimit, auth_failures_per_address, requests_per_key
-from tests.service.conftest import REDIS_URL
+from tests.conftest import REDIS_URL
 
 
 def test_replicas_draw_from_one_count_under_the_documented_key(redis_prefix: str) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.conftest import REDIS_URL, pg_url, redis_prefix, truncate
+from tests.conftest import REDIS_URL, pg_url, redis_prefix
+from tests.service.conftest import truncate
 from worker.execution import WorkerContext
 from worker.settings import WorkerSettings
 

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from persistence.queue import Queue, enqueue_webhook, make_celery
-from tests.service.conftest import REDIS_URL
+from tests.conftest import REDIS_URL
 from tests.worker.test_execution import public
 from tests.worker.test_webhooks import Receiver, finished_job
 from worker.execution import WorkerContext

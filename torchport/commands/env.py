@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             render(worker.environment, console, every=args.all)
         return 0
 
-    from engine.libraries import describe_environment
+    from engine.environment.libraries import describe_environment
 
     with Console(stderr=True).status("checking which model libraries import", spinner="dots"):
         described = describe_environment(check=not args.no_check)

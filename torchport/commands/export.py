@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from rich.console import Console
 
-from engine.artifacts import ARTIFACT_NAMES, ENCODER, TARGET_FILES
+from engine.serialize.artifacts import ARTIFACT_NAMES, ENCODER, TARGET_FILES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body, validation_items
 from torchport.checkpoints import UnusableAdapter, upload_path
@@ -303,8 +303,8 @@ class _Exporter:
             return self._sandboxed(model, out, on_progress)
 
     def _in_process(self, model: Path, out: Path, on_progress: Any) -> Any:
-        from engine.model import Upload
-        from engine.pipeline import ExportRequest, run_export
+        from engine.load.model import Upload
+        from engine.pipeline.export import ExportRequest, run_export
 
         args = self.args
         with tempfile.TemporaryDirectory(prefix="torchport-") as work:

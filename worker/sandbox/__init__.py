@@ -1,26 +1,28 @@
-"""Sandboxed, warm execution of uploaded code.
+"""Sandboxed, warm execution of uploaded code, by side of the trust line.
 
 ```
-worker process (not dumpable, has secrets)          SandboxRunner (runner.py): zygote_client.py,
-  │                                                  staging.py, supervisor.py, pipes.py,
-  │                                                  outputs.py, results.py, processes.py
-  └─ bwrap (all namespaces, minimal ro binds)        bubblewrap.py, when the host allows it
-       └─ zygote (scrubbed env, torch imported,      zygote.py (fork server), warmup.py
+worker process (not dumpable, has secrets)          host/: SandboxRunner (runner.py),
+  │                                                  zygote_client, staging, supervisor,
+  │                                                  pipes, outputs, results, job_resources
+  └─ bwrap (all namespaces, minimal ro binds)        confinement/bubblewrap.py
+       └─ zygote (scrubbed env, torch imported,      zygote/: server (fork server), warmup
           one tiny export run, no thread pool)
-            ├─ job child: setsid, closed fds, rlimits, uid 65534,       lockdown.py
-            │  no_new_privs, Landlock, seccomp → engine.pipeline         child.py
-            ├─ loader child (same lockdown): torch.export.load + run,   loader.py
-            │  asked for by the job child through the zygote            (round trip)
-            └─ spares: a job child and a loader child warmed while idle  spares.py
+            ├─ job child: setsid, closed fds, rlimits, uid,   confinement/lockdown.py,
+            │  no_new_privs, Landlock, seccomp → engine       child/run.py
+            ├─ loader child (same lockdown): the round trip   zygote/loader.py
+            ├─ toolchain child: the broker's templates        zygote/toolchain.py
+            └─ spares: a job child and a loader child         zygote/spares.py
 ```
 
-docs/sandbox.md ("Shape") says what each file is for.
+`host/` never imports torch or the zygote's side (`tests/test_layering.py`); the sides meet
+in `protocol.py`, `processes.py` and `settings.py`. docs/sandbox.md ("Shape") says what
+each file is for.
 """
 
 import os
 
-from worker.sandbox.layers import HostLayers, probe
-from worker.sandbox.runner import SandboxRunner, SandboxUnavailable
+from worker.sandbox.confinement.layers import HostLayers, probe
+from worker.sandbox.host.runner import SandboxRunner, SandboxUnavailable
 from worker.sandbox.settings import (
     LocalFile,
     SandboxJob,

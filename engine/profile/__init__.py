@@ -1,0 +1,3 @@
+"""Profiles of a job's artifacts (`profiling`) and the process's resident memory
+(`resident_memory`).
+"""

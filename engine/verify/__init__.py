@@ -1,0 +1,1 @@
+"""The VERIFY stage: the exported program against eager PyTorch (`verification`)."""
