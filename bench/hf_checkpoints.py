@@ -3,7 +3,8 @@ runs it) against the same work done by hand with plain torch and transformers, i
 fresh process each, on checkpoints written here with random weights.
 
     python bench/hf_checkpoints.py checkpoints [--targets onnx,aoti,executorch]
-    python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m] [--torchport-only]
+    python bench/hf_checkpoints.py real-size  [--only llama-250m,vit-86m,llama-1b,llama-3b]
+        [--torchport-only]
         [--runs N]
 
 `checkpoints`: tiny Llama, Qwen3 and Qwen3-MoE checkpoints with `task: text-generation`
@@ -11,8 +12,10 @@ fresh process each, on checkpoints written here with random weights.
 checkpoints with no task given (the task inferred; each target's verdict), and T5 and
 Whisper with no task given (encoder-decoder, two programs, generation checked).
 `--only t5,whisper` runs some rows of either suite.
-`real-size`: a ~250M-parameter Llama (generation-ready, static cache of 1024 tokens) and
-ViT-base (86M, image-classification); torchport's stage times and peak memory against a
+`real-size`: a ~250M-parameter Llama (generation-ready, static cache of 1024 tokens),
+ViT-base (86M, image-classification), and Llama-3.2-1B- and -3B-shaped bfloat16
+checkpoints (1.24B and 3.2B parameters, `bench/real_checkpoints.py`), each exported with no
+option but the task; torchport's stage times and peak memory against a
 cold plain-torch script doing load → export (transformers' static-cache recipe for the
 LLM) → run_decompositions → save → load → run; torchport's peak resident memory per stage
 (`report.stages[].peak_rss_mb`, the job process's) beside the job tree's peak. Prints
@@ -153,6 +156,9 @@ REAL: dict[str, tuple[str, str, dict[str, Any], str]] = {
         "text-generation",
     ),
     "vit-86m": ("ViTConfig", "ViTForImageClassification", {}, "image-classification"),
+    # bfloat16 at real size, written by bench/real_checkpoints.py (random draws, sharded)
+    "llama-1b": ("", "llama-1b", {}, "text-generation"),
+    "llama-3b": ("", "llama-3b", {}, "text-generation"),
 }
 
 PLAIN = r"""
@@ -325,7 +331,13 @@ def real_size(
         pairs: list[tuple[float, str, float | None, float | None, Any, float]] = []
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / name
-            count = _save(directory, config_class, model_class, config)
+            if config_class:
+                count = _save(directory, config_class, model_class, config)
+            else:  # a real-size bfloat16 checkpoint, drawn straight into its shards
+                sys.path.insert(0, str(ROOT / "bench"))
+                from real_checkpoints import write
+
+                count = write(model_class, directory)
             for run in range(runs):
                 plain_stages, plain_wall, plain_peak = "-", None, None
                 if plain_too:

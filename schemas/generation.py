@@ -15,7 +15,31 @@ __all__ = ["GenerationCheck", "GenerationPrompt", "GenerationRun"]
 GenerationPrompt = Literal["example", "second"]
 
 
-class GenerationRun(StrictModel):
+class NoiseJudgement(StrictModel):
+    """How a run whose tokens differ in reduced precision was judged (the first run's in
+    `GenerationCheck`'s own fields, each later run's in its `GenerationRun`)."""
+
+    within_noise: bool | None = Field(
+        default=None,
+        description="Set when the tokens differ and the model runs in bfloat16 or float16: "
+        "whether, at `first_mismatch`, eager's own logit margin between its token and this "
+        "artifact's (`margin`) is at most twice the error eager makes in that dtype "
+        "against a float32 run of the same weights at that step (`noise`). A run whose first "
+        "mismatch is within the noise passes the check; the tokens after it are not compared.",
+    )
+    margin: float | None = Field(
+        default=None,
+        description="Eager's logit of its own token minus its logit of this artifact's token "
+        "at `first_mismatch` (with `within_noise`).",
+    )
+    noise: float | None = Field(
+        default=None,
+        description="max |eager - float32 reference| of the logits at `first_mismatch` "
+        "(with `within_noise`).",
+    )
+
+
+class GenerationRun(NoiseJudgement):
     """One more greedy generation on the same loaded program or artifact, started again
     at position 0 while its cache still holds what the run before it wrote."""
 
@@ -41,7 +65,7 @@ class GenerationRun(StrictModel):
     generated: list[int] = Field(default_factory=list, description="This artifact's tokens.")
 
 
-class GenerationCheck(StrictModel):
+class GenerationCheck(NoiseJudgement):
     """Greedy generation from the example prompt, compared token for token with eager
     transformers (its own forward with a dynamic cache); then, on the same loaded program
     or artifact, the runs of `runs` (a second prompt and the example again, each started
@@ -74,6 +98,12 @@ class GenerationCheck(StrictModel):
         default=None,
         description="A text encoder-decoder model's encoder input of the first run (the "
         "encoder's example); null otherwise.",
+    )
+    passed: bool | None = Field(
+        default=None,
+        description="The check's verdict: every run matched, or first differs within the "
+        "dtype's noise (`within_noise`). Null in reports written before torchport judged "
+        "noise: read `matched`.",
     )
     runs: list[GenerationRun] = Field(
         default_factory=list,

@@ -325,7 +325,12 @@ class ExportOptions(StrictModel):
         '"transformers>=4.40"; an unmet one fails the job with `environment_mismatch`.',
     )
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 600
-    memory_mb: Annotated[int, Field(ge=256, le=1024 * 1024)] = 8192
+    memory_mb: Annotated[int, Field(ge=256, le=1024 * 1024)] | None = Field(
+        default=None,
+        description="The job's memory limit in MB; null: sized from the upload by the worker "
+        "(docs/contract.md §2: 8192, or more for a checkpoint), capped by the worker's "
+        "maximum.",
+    )
 
     @field_validator("requires")
     @classmethod

@@ -93,6 +93,23 @@ class DecompositionReport(StrictModel):
     )
 
 
+class PrecisionCheck(StrictModel):
+    """A reduced-precision (bfloat16, float16) output judged against a float32 reference
+    of the same weights, when it is outside the dtype's tolerance from eager's."""
+
+    reference: Literal["float32"] = Field(
+        default="float32",
+        description="The reference: the eager model run with float32 arithmetic on its own "
+        "reduced-precision weights.",
+    )
+    eager_error: float = Field(description="max |eager - reference|: eager's own error.")
+    exported_error: float = Field(description="max |exported - reference|.")
+    ratio: float = Field(
+        description="The passing bound: `exported_error <= ratio * eager_error + atol`."
+    )
+    passed: bool
+
+
 class OutputCheck(StrictModel):
     """Exported vs eager for one output leaf."""
 
@@ -105,6 +122,12 @@ class OutputCheck(StrictModel):
     rtol: float | None = None
     passed: bool
     message: str | None = None
+    precision: PrecisionCheck | None = Field(
+        default=None,
+        description="Set when a bfloat16/float16 output was outside the tolerance from "
+        "eager's and was judged against a float32 reference instead (`passed` is then that "
+        "judgement's).",
+    )
 
 
 class SampleCheck(StrictModel):

@@ -150,7 +150,9 @@ def _verdict(report: ReportDocument, profile: ArtifactProfile) -> str:
         target = report.targets.get(profile.name)
         verification = target.verification if target is not None else None
         if verification is None and target is not None and target.generation is not None:
-            return "verified" if target.generation.matched else "failed"
+            passed = target.generation.passed
+            passed = target.generation.matched if passed is None else passed
+            return "verified" if passed else "failed"
     if verification is None or verification.verdict is None:
         return "not verified"
     return verification.verdict

@@ -13,7 +13,13 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from schemas import GenerationCheck, ReportDocument, SignatureDocument, VerificationReport
+from schemas import (
+    GenerationCheck,
+    GenerationRun,
+    ReportDocument,
+    SignatureDocument,
+    VerificationReport,
+)
 from torchport.artifact_table import render_artifact_table
 from torchport.job_view import render_error
 from torchport.terminal import markup
@@ -206,6 +212,15 @@ def generation_text(check: GenerationCheck) -> str:
             f" from each of {runs} runs, {runs - 1} restarted at position 0" if runs > 1 else ""
         )
         return f"generation matches eager transformers ({check.max_new_tokens} tokens{counted})"
+    every: list[GenerationCheck | GenerationRun] = [check, *check.runs]
+    noisy = [run for run in every if run.within_noise]
+    if check.passed and noisy:
+        first = noisy[0]
+        return (
+            f"generation matches eager transformers up to a near tie: first differs at token "
+            f"{first.first_mismatch}, where eager's margin {first.margin or 0:.3g} is within "
+            f"its own {check_dtype_noise(first.noise)} ({len(check.runs) + 1} runs)"
+        )
     if check.first_mismatch is not None or not check.runs:
         return f"generation differs from eager transformers at token {check.first_mismatch}"
     failed = [(i, r) for i, r in enumerate(check.runs, start=2) if not r.matched]
@@ -216,6 +231,11 @@ def generation_text(check: GenerationCheck) -> str:
         f"generation differs from eager transformers at token {run.first_mismatch} of run "
         f"{number} ({markup(run.prompt)} prompt, restarted at position 0)"
     )
+
+
+def check_dtype_noise(noise: float | None) -> str:
+    """The noise a near tie was judged within, in words."""
+    return "rounding noise" if noise is None else f"rounding noise {noise:.3g} (twice allowed)"
 
 
 def prompts_text(check: GenerationCheck) -> str:

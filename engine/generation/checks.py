@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from engine.errors import VerificationFailed
+from engine.generation import noise
 from engine.generation.greedy import Step, cached_tokens, check, eager_tokens, first_difference
 from engine.generation.onnx_past import PastProgram, past_tokens
 from engine.generation.ready import Generation, Prompt
@@ -201,15 +202,43 @@ def checked(generation: Generation, generate: Generate) -> GenerationCheck:
                 generated=generated,
             )
         )
+    first_noise = _noise(
+        generation, first, result.expected, result.generated, result.first_mismatch
+    )
+    runs = [
+        run.model_copy(
+            update=_noise(generation, prompt, run.expected, run.generated, run.first_mismatch)
+        )
+        for run, prompt in zip(runs, others, strict=True)
+    ]
     return result.model_copy(
         update={
             "prompt_ids": _ids(first.ids),
             "encoder_input_ids": _source_ids(first),
             "runs": runs,
             "matched": result.matched and all(run.matched for run in runs),
+            **first_noise,
+            "passed": (result.matched or first_noise.get("within_noise") is True)
+            and all(run.matched or run.within_noise is True for run in runs),
             "duration_s": time.perf_counter() - started,
         }
     )
+
+
+def _noise(
+    generation: Generation,
+    prompt: Prompt,
+    expected: list[int],
+    generated: list[int],
+    index: int | None,
+) -> dict[str, Any]:
+    """A differing run of a reduced-precision decoder-only model judged against the
+    dtype's noise (engine.generation.noise); nothing for the others."""
+    if index is None or generation.encoder is not None:
+        return {}
+    if not noise.reduced_model(generation.model):
+        return {}
+    return noise.judged(generation.model, prompt.ids, expected, generated, index)
 
 
 def _ids(tokens: torch.Tensor) -> list[int]:
@@ -273,9 +302,10 @@ def mismatch_details(result: GenerationCheck) -> dict[str, Any]:
     `first_mismatch` and the `expected` and `got` tokens there."""
     run, prompt, index = 0, "example", result.first_mismatch
     expected, generated = result.expected, result.generated
-    if index is None:
+    if index is None or result.within_noise:
+        index = None
         for number, later in enumerate(result.runs, start=1):
-            if not later.matched:
+            if not later.matched and not later.within_noise:
                 run, prompt, index = number, later.prompt, later.first_mismatch
                 expected, generated = later.expected, later.generated
                 break

@@ -58,5 +58,6 @@ class LoadedModel:
     """The `calibration` upload's samples, checked against the example
     (engine.quantization.calibration)."""
     strict: bool | None = None
-    """The tracing mode this model needs whatever `options.strict` says (the static
-    cache's buffers alias the cache's tensors: only strict tracing sees them mutate)."""
+    """The tracing mode tried first whatever `options.strict` says, the other one after it
+    (a generation-ready LLM: non-strict, which never reads the weights' values, so a
+    real-size checkpoint's weights stay in the file's pages; strict if that fails)."""

@@ -319,7 +319,7 @@ def _export(
                 checked_ready = generation.program_report(ep, loaded.generation, verify=True)
                 made_ready.check = checked_ready.check
                 run.warnings.extend(generation.constant_warnings(made_ready.check))
-                if made_ready.check is not None and not made_ready.check.matched:
+                if made_ready.check is not None and not made_ready.check.passed:
                     raise generation.mismatch_error(made_ready.check)
     elif loaded.generation is not None:
         made_ready = generation.program_report(ep, loaded.generation, verify=False)

@@ -165,6 +165,20 @@ def verification_failed(checked: Any, undecomposed_passed: bool | None) -> Verif
         "Look at the verification table; raise verify.atol/rtol if the difference is "
         "numerical noise, or check for randomness or state the export did not capture."
     )
+    if "precision" in details:
+        judged = details["precision"]
+        message = (
+            f"The exported program's {details.get('dtype')} outputs are "
+            f"further from a float32 reference of the same weights "
+            f"({judged['exported_error']:.3g}) than {judged['ratio']:g} times eager "
+            f"PyTorch's own error in that dtype ({judged['eager_error']:.3g})."
+        )
+        hint = (
+            "This compares the program and eager PyTorch in the model's reduced precision "
+            "against the same weights run in float32: the program loses more precision "
+            "than eager does. Export in float32 to check the program itself, or set "
+            "verify.atol/rtol to accept this error."
+        )
     if undecomposed_passed:
         details["undecomposed_passed"] = True
         hint = (
@@ -257,14 +271,18 @@ def _first_failure(checked: Any) -> dict[str, Any]:
             return {"sample": sample.label, "reason": sample.reason}
         for out in [*sample.outputs, *sample.buffers]:
             if not out.passed:
-                return {
+                found: dict[str, Any] = {
                     "sample": sample.label,
                     "output": out.path,
+                    "dtype": out.dtype,
                     "max_abs_error": out.max_abs_error,
                     "max_rel_error": out.max_rel_error,
                     "atol": out.atol,
                     "rtol": out.rtol,
                 }
+                if out.precision is not None:
+                    found["precision"] = out.precision.model_dump()
+                return found
     return {}
 
 

@@ -157,7 +157,7 @@ def quantizing_for(
         dynamic_shapes=dynamic_shapes,
         calibration=calibration,
         calibration_source=source,
-        strict=bool(loaded.strict),
+        strict=bool(run.sections["tracing"].strict_used),
     )
     run.sections["quantization"] = quantizing.report
     return quantizing

@@ -45,8 +45,8 @@ class Quantizing:
         dynamic_shapes: the torch spec the program was exported with.
         calibration: the inputs static `int8` is calibrated on: the `calibration` upload's
             (`calibration_source` "upload"), or the example and the verification samples.
-        strict: re-export a torchao-quantized copy in strict mode (the model's own
-            `strict`: a generation-ready LLM's static KV cache needs it).
+        strict: re-export a torchao-quantized copy in strict mode (when the float
+            program was traced so).
         report: `report.quantization`, filled in by each target.
     """
 

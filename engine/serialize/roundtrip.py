@@ -6,11 +6,11 @@ PAYLOAD OUT_JSON`. The exporting process writes a payload (example inputs and th
 outputs of the exported program, run there) with `write_payload`; the fresh process
 loads both, runs the program and compares every output leaf bit for bit.
 
-This module imports only the standard library, torch and `engine.serialize.serde_hints` (torch
-only) at top level, so the fresh process stays torch-only; `schemas` is imported lazily
-by `run_in_subprocess`, which runs in the exporting process. Loading gives torch's
-deserializer the schema's type hints once per class (`serde_hints`): about half of a
-load's time otherwise.
+This module imports only the standard library, torch, `engine.serialize.serde_hints`
+and `engine.serialize.mapped` (torch only) at top level, so the fresh process stays
+torch-only; `schemas` is imported lazily by `run_in_subprocess`, which runs in the
+exporting process. Loading gives torch's deserializer the schema's type hints once per
+class (`serde_hints`): about half of a load's time otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine.serialize import serde_hints
+from engine.serialize.mapped import mapped_weights
 from engine.verify.flat import flatten_with_paths
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ def load_saved(pt2_path: str | os.PathLike[str]) -> LoadedProgram:
     export_log = logging.getLogger("torch.export")
     export_log.addHandler(captured)
     try:
-        ep = torch.export.load(os.fspath(pt2_path))
+        with mapped_weights(pt2_path):  # a big program's weights mapped, not read
+            ep = torch.export.load(os.fspath(pt2_path))
     except Exception as exc:
         # torch.export.load logs the real cause and raises a generic RuntimeError.
         cause = captured.first or exc

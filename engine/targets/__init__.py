@@ -314,7 +314,7 @@ def run_target(
                 generated = _generation_check(flat, generation, with_past, encoder_flat)
                 if quantizing is not None:
                     accuracy.record_tokens(quantizing.report, name, generated)
-                elif not generated.matched:
+                elif not generated.passed:
                     raise TargetError(
                         f"{path.name} generates other tokens than eager transformers "
                         + mismatch_text(generated),

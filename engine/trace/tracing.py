@@ -87,8 +87,8 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
     except ExportError as err:
         err.tracing_report = state.report()  # type: ignore[attr-defined]
         raise
-    if loaded.strict is not None:  # the model needs one mode (a static KV cache: strict)
-        modes = [loaded.strict]
+    if loaded.strict is not None:  # the model prefers a mode (a static KV cache: non-strict)
+        modes = [loaded.strict, not loaded.strict]
     else:
         modes = [True, False] if options.strict == "auto" else [bool(options.strict)]
     # An example of size 1 in a dim declared dynamic makes torch pin it to 1: trace on a

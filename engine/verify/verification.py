@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 from engine.load import module_copies
 from engine.profile import resident_memory
 from engine.shapes.sampling import draw_samples
+from engine.verify import precision
 from engine.verify.flat import flatten_with_paths
 from schemas import OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 
@@ -232,7 +233,19 @@ def _run_sample(
     if example_outputs is not None:
         example_outputs.append(actual)
     outputs, reason = _compare_outputs(expected, actual, opts)
-    buffers = _compare_buffers(ep, eager, eager_before, exported, exported_before, opts)
+    eager_after, exported_after = _buffers(eager), _buffers(exported)
+    buffers = _compare_buffers(
+        ep, (eager_before, eager_after), (exported_before, exported_after), opts
+    )
+    if reason is None:
+        outputs, buffers = precision.against_float32(
+            (outputs, buffers),
+            copies.eager,
+            (args, kwargs),
+            precision.Sides(expected, eager_after),
+            precision.Sides(actual, exported_after),
+            opts,
+        )
     buffers += _compare_input_mutations(
         (args, kwargs), (eager_args, eager_kwargs), (exported_args, exported_kwargs), opts
     )
@@ -291,17 +304,16 @@ def _compare_outputs(
 
 def _compare_buffers(
     ep: torch.export.ExportedProgram,
-    eager: torch.nn.Module,
-    eager_before: dict[str, torch.Tensor],
-    exported: torch.nn.Module,
-    exported_before: dict[str, torch.Tensor],
+    eager: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
+    exported: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
     opts: VerifyOptions,
 ) -> list[OutputCheck]:
+    """Buffers (before, after the run) of each side compared after the run."""
     # A functional program lists its mutations; a training-IR program mutates in place
     # and lists none, so any buffer that changed on either side is compared too.
     names = set(ep.graph_signature.buffers_to_mutate.values())
-    eager_after = _buffers(eager)
-    exported_after = _buffers(exported)
+    eager_before, eager_after = eager
+    exported_before, exported_after = exported
     for name, before in eager_before.items():
         if name in eager_after and not _same(before, eager_after[name]):
             names.add(name)

@@ -93,7 +93,9 @@ def test_a_llama_checkpoint_exports_with_a_static_cache_and_generates(tmp_path: 
     assert report.verification.roundtrip is not None
     assert report.verification.roundtrip.status == "passed"
     assert [i.name for i in report.inputs] == ["input_ids", "cache_position"]
-    assert report.tracing.strict_used is True
+    # traced non-strict (the weights' values never read), the cache's writes captured
+    assert report.tracing.strict_used is False
+    assert [a.strict for a in report.tracing.attempts] == [False]
     signature = json.loads((tmp_path / "out" / "signature.json").read_text())
     mutated = {o["target"] for o in signature["outputs"] if o["kind"] == "buffer_mutation"}
     assert {"key_cache_0", "value_cache_0"} <= mutated

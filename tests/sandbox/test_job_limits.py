@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from schemas import ExportOptions
-from worker.sandbox.host.supervisor import job_limits
-from worker.sandbox.settings import SandboxSettings
+from worker.sandbox.host.staging import stage
+from worker.sandbox.host.supervisor import DEFAULT_MEMORY_MB, job_limits, sized
+from worker.sandbox.settings import SandboxJob, SandboxSettings
 
 
 def test_the_worker_caps_a_jobs_time_and_memory() -> None:
@@ -32,3 +36,37 @@ def test_a_cuda_job_gets_the_drivers_margin() -> None:
     )
     assert memory_mb == 2048
     assert limits["memory_mb"] == 2048 + 1000
+
+
+def test_a_job_without_memory_mb_is_sized_from_its_uploads() -> None:
+    settings = SandboxSettings(max_memory_mb=16384, disk_mb=16384, max_disk_mb=32768)
+    small, same = sized(ExportOptions(), 10 << 20, settings)
+    assert small.memory_mb == DEFAULT_MEMORY_MB and same is settings
+    big, roomy = sized(ExportOptions(), 3 << 30, settings)
+    assert big.memory_mb == 2 * 3072 + 4096  # two MB per MB of upload, plus 4 GiB
+    assert roomy.disk_mb == 16384 and roomy.fsize_mb == settings.fsize_mb
+    huge, roomier = sized(ExportOptions(), 6 << 30, settings)
+    assert huge.memory_mb == 16384  # the worker's maximum
+    assert roomier.disk_mb == 4 * 6144 and roomier.fsize_mb == roomier.disk_mb
+    _, capped = sized(ExportOptions(), 20 << 30, settings)
+    assert capped.disk_mb == 32768
+    # what the job asked for stays, within the worker's cap (job_limits)
+    own, _ = sized(ExportOptions(memory_mb=1024), 3 << 30, settings)
+    assert own.memory_mb == 1024
+    limits, _, memory_mb = job_limits(big, settings, baseline_mb=0)
+    assert memory_mb == 10240 and limits["memory_mb"] == 10240
+
+
+def test_the_staged_options_are_the_sized_ones(tmp_path: Path) -> None:
+    model = tmp_path / "model.py"
+    model.write_bytes(b"x" * 4096)
+    job = SandboxJob(
+        model=model, inputs=None, weights=None, options=ExportOptions(), job_dir=tmp_path
+    )
+    settings = SandboxSettings()
+    options, _ = stage(
+        job, tmp_path / "staging", None, 60.0, lambda size: sized(job.options, size, settings)
+    )
+    written = json.loads((tmp_path / "staging" / "options.json").read_text())
+    assert written["memory_mb"] == options.memory_mb == DEFAULT_MEMORY_MB
+    assert job.options.memory_mb is None

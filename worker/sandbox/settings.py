@@ -61,7 +61,11 @@ class SandboxSettings(BaseModel):
     disk_mb: int = Field(default=16384, ge=64)
     """What one job may hold on disk: its staging directory (uploads, scratch, outputs)
     and the deleted files it keeps open. Past it the job is killed: `disk_quota_exceeded`
-    (quota.py)."""
+    (quota.py). A job whose uploads need more gets more, up to `max_disk_mb`
+    (docs/contract.md §2, *Limits sized from the upload*)."""
+    max_disk_mb: int = Field(default=65536, ge=64)
+    """Upper bound on what a job with big uploads may hold on disk (`disk_mb` and
+    `fsize_mb` grow with the uploads up to it)."""
     max_inodes: int = Field(default=20000, ge=100)
     """Files and directories one job may have in its staging directory."""
     disk_check_interval_s: float = 0.25

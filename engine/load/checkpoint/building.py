@@ -136,7 +136,7 @@ def load_checkpoint(
         warnings=prepared.warnings,
         checkpoint=report,
         generation=generation,
-        strict=True if generation is not None else None,
+        strict=False if generation is not None else None,
     )
 
 

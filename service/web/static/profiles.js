@@ -18,7 +18,7 @@ function verdictFor(report, profile) {
   if (profile.kind === "eager") return "reference";
   if (profile.kind === "target") {
     const target = report.targets?.[profile.name];
-    if (!target?.verification && target?.generation) return target.generation.matched ? "verified" : "failed";
+    if (!target?.verification && target?.generation) return generationPassed(target.generation) ? "verified" : "failed";
     return target?.verification?.verdict || "not verified";
   }
   return report.verification?.verdict || "not verified";
@@ -30,6 +30,12 @@ function verdictFor(report, profile) {
  * cosine over its outputs (and top-1 agreement), else tokens matched for generation, else the
  * largest abs error. Null when the job was not quantized, or this artifact was not.
  */
+/** A generation check's verdict: equal tokens, or a first difference within the dtype's
+ * noise (`passed`; reports without it: `matched`). */
+export function generationPassed(check) {
+  return check.passed ?? check.matched === true;
+}
+
 export function accuracyOf(report, name) {
   const entry = report?.quantization?.targets?.[name];
   if (!entry || typeof entry !== "object") return null;

@@ -3,6 +3,7 @@
 // so the page says what is known of it: a few texts torch prints for every model of a
 // kind are recognised, and any of them is judged by what was checked after it was raised.
 import { h, card, rich } from "./dom.js";
+import { generationPassed } from "./profiles.js";
 
 /** Raw torch warnings seen on exports that verify, with what they mean here. */
 const KNOWN = [
@@ -29,13 +30,13 @@ function checks(report, target) {
   if (!target) {
     if (v?.verdict === "verified" || (v?.verdict === undefined && v?.passed === true)) results.push(true);
     else if (v?.verdict === "failed" || v?.passed === false) results.push(false);
-    if (report?.generation?.check) results.push(report.generation.check.matched === true);
+    if (report?.generation?.check) results.push(generationPassed(report.generation.check));
   }
   for (const [name, t] of Object.entries(report?.targets || {})) {
     if (target && name !== target) continue;
     if (t.status === "failed") results.push(false);
     if (t.verification) results.push(t.verification.passed !== false && t.verification.verdict !== "failed");
-    if (t.generation) results.push(t.generation.matched === true);
+    if (t.generation) results.push(generationPassed(t.generation));
   }
   return { passed: results.length > 0 && results.every(Boolean), failed: results.some((r) => r === false) };
 }

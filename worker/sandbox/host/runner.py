@@ -281,9 +281,23 @@ class SandboxRunner:
         ids = self.settings.job_ids(slot.number)
         exited: Callable[[], None] | None = None
         try:
-            stage(job, staging, ids, supervisor.job_timeout(options, self.settings))
+            options, sized = stage(  # memory and disk sized from the uploads
+                job,
+                staging,
+                ids,
+                supervisor.job_timeout(options, self.settings),
+                functools.partial(supervisor.sized, options, settings=self.settings),
+            )
             result, exited = self._run_staged(
-                job, options, job_id, staging, on_progress, cancel, started, ids
+                job,
+                options,
+                sized or self.settings,
+                job_id,
+                staging,
+                on_progress,
+                cancel,
+                started,
+                ids,
             )
             return result
         finally:
@@ -317,6 +331,7 @@ class SandboxRunner:
         self,
         job: SandboxJob,
         options: ExportOptions,
+        settings: SandboxSettings,
         job_id: str,
         staging: Path,
         on_progress: ProgressCallback | None,
@@ -329,16 +344,14 @@ class SandboxRunner:
         zygote_job = next(zygote.jobs)
         baseline_mb = int(zygote.info.get("data_mb", 0))
         gpu_job = self.is_gpu_job(options)
-        limits, timeout, memory_mb = supervisor.job_limits(
-            options, self.settings, baseline_mb, gpu_job
-        )
+        limits, timeout, memory_mb = supervisor.job_limits(options, settings, baseline_mb, gpu_job)
         if ids is not None:  # the job's own uid (Zygote.confinement takes it out again)
             limits["uid"], limits["gid"] = ids
         executables = converters.programs(options.targets)
         if executables:  # the toolchain children's profile (toolchain.py; never the job's)
             limits["executables"] = [str(path) for path in executables]
             limits["toolchain"] = converters.toolchain(options.targets)
-        rss_margin = self.settings.gpu_rss_margin_mb if gpu_job else 0
+        rss_margin = settings.gpu_rss_margin_mb if gpu_job else 0
         memory_bytes = (memory_mb + int(zygote.info.get("rss_mb", 0)) + rss_margin) << 20
         groups = self._resources.groups_for(job_id, memory_bytes)
         if groups:
@@ -350,10 +363,10 @@ class SandboxRunner:
         zygote.watches[job_id] = watch
         progress_r, progress_w = os.pipe2(os.O_CLOEXEC)
         output_r, output_w = os.pipe2(os.O_CLOEXEC)
-        log = pipes.CappedLog(job.job_dir / pipes.LOG, self.settings.max_log_bytes)
+        log = pipes.CappedLog(job.job_dir / pipes.LOG, settings.max_log_bytes)
         reader = threading.Thread(
             target=pipes.drain,
-            args=(progress_r, output_r, watch, log, on_progress, self.settings.max_progress_line),
+            args=(progress_r, output_r, watch, log, on_progress, settings.max_progress_line),
             name=f"sandbox-job-{job_id}",
             daemon=True,
         )
@@ -383,13 +396,13 @@ class SandboxRunner:
             memory_bytes,
             cancel,
             staging,
-            self.settings,
+            settings,
             accept_early,
         )
 
         def gone() -> None:  # no process of the job is left: nor are its pipes' writers
             zygote.watches.pop(job_id, None)
-            reader.join(timeout=self.settings.kill_grace_s)
+            reader.join(timeout=settings.kill_grace_s)
             log.close()
 
         after_done = bool(exit_info.get("after_done"))  # stopped, not yet gone
@@ -399,11 +412,11 @@ class SandboxRunner:
             log.flush()
         # What it left behind counts too: a job may fill its quota between two checks and
         # exit before the next.
-        if verdict is None and supervisor.measure_disk(staging, [], watch, self.settings):
+        if verdict is None and supervisor.measure_disk(staging, [], watch, settings):
             verdict = "disk_quota_exceeded"
         if verdict is None and "memory" in groups and cgroups.oom_kills(groups["memory"]):
             verdict = "out_of_memory"  # the kernel killed a process of the job's tree
-        error = results.map_error(verdict, exit_info, watch, timeout, memory_mb, self.settings)
+        error = results.map_error(verdict, exit_info, watch, timeout, memory_mb, settings)
         details: dict[str, Any] = {
             "in_force": watch.lockdown or {},
             "spare": watch.spare,
@@ -412,7 +425,7 @@ class SandboxRunner:
             "exit": exit_info,
             "zygote_restarts": self.restarts,
             "zygote_job": zygote_job,
-            "disk": results.describe_disk(watch.disk, self.settings),
+            "disk": results.describe_disk(watch.disk, settings),
             "memory": results.describe_memory(memory_bytes, watch, group, "memory" in groups),
         }
         if zygote.info.get("mount_view"):
@@ -428,14 +441,14 @@ class SandboxRunner:
             log.tail(),
             started,
             details,
-            self.settings,
+            settings,
             bwrap=self._bwrap is not None,
             watch=watch,
             timed_out=verdict == "timeout",
         )
 
         def exited() -> None:
-            supervisor.await_exit(zygote, job_id, watch, self.settings)
+            supervisor.await_exit(zygote, job_id, watch, settings)
             gone()
 
         return result, (exited if after_done else None)

@@ -14,31 +14,41 @@ import os
 import queue
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from schemas import ExportOptions
 from schemas.job import UPLOAD_ROLES
 from worker.sandbox.protocol import JOB_SPEC
-from worker.sandbox.settings import SandboxJob
+from worker.sandbox.settings import SandboxJob, SandboxSettings
+
+Sizing = Callable[[int], tuple[ExportOptions, SandboxSettings]]
+"""The job's options and settings, from its uploads' bytes."""
 
 __all__ = ["Cleaner", "stage"]
 
 
 def stage(
-    job: SandboxJob, staging: Path, ids: tuple[int, int] | None, timeout_s: float | None = None
-) -> None:
+    job: SandboxJob,
+    staging: Path,
+    ids: tuple[int, int] | None,
+    timeout_s: float | None = None,
+    size: Sizing | None = None,
+) -> tuple[ExportOptions, SandboxSettings | None]:
     """Write the uploads straight into a fresh directory only this job's uid can enter
     (each a copy of its own: the job's uid will own it), and the job child's spec
     (`JOB_SPEC`: paths of the uploads, the options file, its out and work dirs, and
-    `timeout_s`, the time limit the worker holds it to)."""
+    `timeout_s`, the time limit the worker holds it to). The options written are those
+    `size` makes of the uploads' bytes (`supervisor.sized`), and are returned with the
+    settings it gave (the job's own as they are, and None, without `size`)."""
     dirs = {name: staging / name for name in ("in", "out", "tmp")}
     for path in (staging, *dirs.values(), dirs["tmp"] / "loader", dirs["tmp"] / "work"):
         path.mkdir(mode=0o700)
-    # The options go by file: valid options may exceed a control message (64 KiB).
     options_file = staging / "options.json"
-    options_file.write_text(job.options.model_dump_json())
     spec: dict[str, Any] = {"options_file": str(options_file), "timeout_s": timeout_s}
     uploads = job.uploads()
+    upload_bytes = 0
     for role in UPLOAD_ROLES:
         source = uploads.get(role)
         if source is None:
@@ -51,7 +61,11 @@ def stage(
             target = dirs["in"] / role / source.name
             target.parent.mkdir(mode=0o700)
         source.copy_to(target)
+        upload_bytes += target.stat().st_size
         spec[role] = str(target)
+    options, settings = size(upload_bytes) if size is not None else (job.options, None)
+    # The options go by file: valid options may exceed a control message (64 KiB).
+    options_file.write_text(options.model_dump_json())
     spec["out_dir"], spec["work_dir"] = str(dirs["out"]), str(dirs["tmp"] / "work")
     (staging / JOB_SPEC).write_text(json.dumps(spec))
     if ids is not None:
@@ -59,6 +73,7 @@ def stage(
             os.chown(dirpath, *ids)
             for filename in filenames:
                 os.chown(os.path.join(dirpath, filename), *ids)
+    return options, settings
 
 
 class Cleaner:

@@ -28,7 +28,52 @@ from worker.sandbox.settings import SandboxSettings
 if TYPE_CHECKING:
     from worker.sandbox.host.zygote_client import ZygoteClient
 
-__all__ = ["Watch", "job_limits", "job_timeout", "kill_job", "measure_disk", "supervise"]
+__all__ = [
+    "DEFAULT_MEMORY_MB",
+    "Watch",
+    "job_limits",
+    "job_timeout",
+    "kill_job",
+    "measure_disk",
+    "sized",
+    "supervise",
+]
+
+DEFAULT_MEMORY_MB = 8192
+"""A job's memory when its options set none and its uploads are small."""
+MEMORY_PER_UPLOAD_MB = 2
+"""MB of memory per MB of upload for a job whose options set no `memory_mb` (the weights
+mapped once, plus what verification, the generation check and the round trip hold)."""
+MEMORY_BASE_MB = 4096
+DISK_PER_UPLOAD_MB = 4
+"""MB of disk per MB of upload, when that is more than the worker's `disk_mb`: the
+upload, its unpacked files, the program holding the weights again and one target's
+files."""
+
+
+def sized(
+    options: ExportOptions, upload_bytes: int, settings: SandboxSettings
+) -> tuple[ExportOptions, SandboxSettings]:
+    """The job's options and the worker's settings for it, sized from its uploads'
+    bytes: `memory_mb` when the options set none (`MEMORY_PER_UPLOAD_MB` per MB of
+    upload plus `MEMORY_BASE_MB`, at least `DEFAULT_MEMORY_MB`, at most the worker's
+    `max_memory_mb`), and the disk quota and largest file likewise (`DISK_PER_UPLOAD_MB`,
+    at most `max_disk_mb`). The one place a job's limits are sized."""
+    upload_mb = -(-upload_bytes // (1 << 20))
+    if options.memory_mb is None:
+        wanted = max(DEFAULT_MEMORY_MB, MEMORY_PER_UPLOAD_MB * upload_mb + MEMORY_BASE_MB)
+        options = options.model_copy(
+            update={"memory_mb": min(wanted, max(settings.max_memory_mb, 256))}
+        )
+    disk = min(
+        max(settings.disk_mb, DISK_PER_UPLOAD_MB * upload_mb),
+        max(settings.max_disk_mb, settings.disk_mb),
+    )
+    if disk > settings.disk_mb:
+        settings = settings.model_copy(
+            update={"disk_mb": disk, "fsize_mb": max(settings.fsize_mb, disk)}
+        )
+    return options, settings
 
 
 def job_limits(
@@ -38,7 +83,8 @@ def job_limits(
     limit in MiB: the job's own, capped by the worker's (`max_timeout_s`, `max_memory_mb`);
     the one place they are capped."""
     timeout = job_timeout(options, settings)
-    memory = min(options.memory_mb, settings.max_memory_mb)
+    wanted = DEFAULT_MEMORY_MB if options.memory_mb is None else options.memory_mb
+    memory = min(wanted, settings.max_memory_mb)
     cpu = settings.cpu_s or int(timeout * (os.cpu_count() or 1)) + 10
     margin = settings.gpu_data_margin_mb if gpu_job else 0
     limits: dict[str, Any] = {
