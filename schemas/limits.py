@@ -19,11 +19,11 @@ counted before the archive is parsed)."""
 ZIP_MAX_UNPACKED_BYTES = 256 * 1024 * 1024
 """Most bytes a model zip of code may unpack to (weights travel separately)."""
 
-CHECKPOINT_ZIP_MAX_UNPACKED_BYTES = 4 * 1024 * 1024 * 1024
+CHECKPOINT_ZIP_MAX_UNPACKED_BYTES = 20 * 1024 * 1024 * 1024
 """Most bytes a checkpoint zip (`schemas.model_zip`) may unpack to: its weights travel
 inside it. As large as the default upload limit of a checkpoint zip, so a stored
-(uncompressed) zip the API takes always unpacks; and with the zip beside it and a program
-of the same size, it stays under a job's default disk quota (16 GiB)."""
+(uncompressed) zip the API takes always unpacks: an 8B-parameter bfloat16 checkpoint
+(16 GB) fits. A job's disk quota grows with its upload (the worker's sizing)."""
 
 CALLBACK_URL_MAX_LENGTH = 2048
 """Longest `callback_url`, in characters (the form field may hold 4 UTF-8 bytes each)."""

@@ -28,7 +28,7 @@ class ServiceSettings(CommonSettings):
         default=512 * 2**20, gt=0, description="Limit of `calibration`."
     )
     max_checkpoint_bytes: int = Field(
-        default=4 * 2**30,
+        default=20 * 2**30,
         gt=0,
         description="Limit of `model` when it is a checkpoint zip (a `save_pretrained` "
         "directory, its weights inside). A `.zip` model is received up to the larger of this "

@@ -238,7 +238,13 @@ def _noise(
         return {}
     if not noise.reduced_model(generation.model):
         return {}
-    return noise.judged(generation.model, prompt.ids, expected, generated, index)
+    token = generated[index] if index < len(generated) else None
+    key = (prompt.name, index, token)  # the example prompt's restart often parts alike
+    if key not in generation.judged:
+        generation.judged[key] = noise.judged(
+            generation.model, prompt.ids, expected, generated, index
+        )
+    return generation.judged[key]
 
 
 def _ids(tokens: torch.Tensor) -> list[int]:

@@ -106,6 +106,9 @@ class Generation:
     encoder-decoder model: the start token, with another encoder input)."""
     references: dict[str, list[int]] = field(default_factory=dict)
     """Eager transformers' tokens per prompt name, once computed (`checks.reference`)."""
+    judged: dict[tuple[str, int, int | None], dict[str, Any]] = field(default_factory=dict)
+    """Reduced-precision mismatches judged against the noise (`checks._noise`), by prompt
+    name, index and the artifact's token there: each costs two eager runs."""
 
     def prompts(self) -> list[Prompt]:
         """The check's runs, in order on one loaded program or artifact: the example

@@ -77,12 +77,19 @@ def _float32(module: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
                 param.data = original
 
     buffers: list[tuple[str, torch.nn.Module, str, torch.Tensor]] = []
+    forwards: list[tuple[torch.nn.Module, Any]] = []
     for prefix, mod in module.named_modules():
         for name, buffer in mod._buffers.items():
             if buffer is not None and buffer.dtype in REDUCED:
                 buffers.append((f"{prefix}.{name}" if prefix else name, mod, name, buffer))
                 mod._buffers[name] = buffer.float()
-        if any(p is not None and p.dtype in REDUCED for p in mod._parameters.values()):
+        if not any(p is not None and p.dtype in REDUCED for p in mod._parameters.values()):
+            continue
+        wide = _wide_forward(mod)
+        if wide is not None:  # no float32 copy of the weight at all
+            forwards.append((mod, mod.__dict__.get("forward")))
+            mod.forward = wide
+        else:
             handles.append(mod.register_forward_pre_hook(before))
             handles.append(mod.register_forward_hook(after, always_call=True))
     written: dict[str, torch.Tensor] = {}
@@ -91,11 +98,51 @@ def _float32(module: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
+        for mod, own in forwards:
+            if own is None:
+                del mod.forward
+            else:
+                mod.forward = own
         for qualified, mod, name, buffer in buffers:
             wide = mod._buffers[name]
             if wide is not None:
                 written[qualified] = wide
             mod._buffers[name] = buffer
+
+
+CHUNK_BYTES = 64 << 20
+"""The float32 slice of a big weight cast at a time (a 128256-token output layer of width
+2048 would be 1 GB in float32 at once)."""
+
+
+def _wide_forward(mod: torch.nn.Module) -> Any:
+    """A float32 forward for a plain `Linear` (its weight cast `CHUNK_BYTES` of rows at a
+    time) or `Embedding` (rows gathered, then widened: the same values), or None."""
+    if type(mod) is torch.nn.Linear:
+        linear = mod
+
+        def linear_forward(x: torch.Tensor) -> torch.Tensor:
+            weight, bias = linear.weight, linear.bias
+            rows = max(1, CHUNK_BYTES // (4 * max(1, weight.shape[1])))
+            parts = [
+                torch.nn.functional.linear(
+                    x,
+                    weight[i : i + rows].float(),
+                    None if bias is None else bias[i : i + rows].float(),
+                )
+                for i in range(0, weight.shape[0], rows)
+            ]
+            return torch.cat(parts, dim=-1)
+
+        return linear_forward
+    if type(mod) is torch.nn.Embedding and mod.max_norm is None:
+        embedding = mod
+
+        def embedding_forward(ids: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.embedding(ids, embedding.weight).float()
+
+        return embedding_forward
+    return None
 
 
 def float32_run(

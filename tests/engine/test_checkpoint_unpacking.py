@@ -80,7 +80,7 @@ def test_the_default_checkpoint_bound_is_the_contracts() -> None:
     from schemas.limits import CHECKPOINT_ZIP_MAX_UNPACKED_BYTES, ZIP_MAX_UNPACKED_BYTES
 
     assert engine.load.loading.MAX_CHECKPOINT_ZIP_BYTES == CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
-    assert 4 * 1024 * MiB == CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
+    assert 20 * 1024 * MiB == CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
     assert CHECKPOINT_ZIP_MAX_UNPACKED_BYTES > ZIP_MAX_UNPACKED_BYTES
 
 

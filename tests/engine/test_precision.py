@@ -3,9 +3,13 @@ judged against a float32 reference of the same weights, next to eager's own erro
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
 from engine.pipeline.steps import verification_failed
+from engine.verify import precision
 from engine.verify.precision import PRECISION_RATIO, float32_reference
 from engine.verify.verification import verify
 from schemas import VerifyOptions
@@ -146,3 +150,21 @@ def test_a_mutated_bfloat16_buffer_is_judged_against_the_float32_reference_too()
     assert good["precision"]["exported_error"] < good["precision"]["eager_error"]
     bad = _cached(4096.0)
     assert bad["precision"]["passed"] is False and bad["passed"] is False
+
+
+def test_big_weights_are_widened_a_slice_at_a_time_to_the_same_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(precision, "CHUNK_BYTES", 1024)  # 4 rows of 64 float32s a slice
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(50, 64), torch.nn.Linear(64, 37), torch.nn.Linear(37, 50, bias=False)
+    ).bfloat16()
+    ids = torch.tensor([[1, 4, 9, 49]])
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    out = float32_reference(model, (ids,), {})
+    wide = copy.deepcopy(model).float()
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, wide(ids), atol=1e-5, rtol=1e-5)
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == before
+    assert "forward" not in vars(model[1]) and "forward" not in vars(model[0])
