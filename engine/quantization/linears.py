@@ -7,10 +7,11 @@ again with the job's dynamic shapes."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
+
+from engine.load import module_copies
 
 __all__ = ["quantize"]
 
@@ -28,7 +29,10 @@ def quantize(
     """A copy of `module` with its linears quantized by `scheme`, exported.
 
     Linears whose input features are not a multiple of `group_size` stay float for the
-    grouped schemes (`int4_weight_only`, `8da4w`), as `export_llm` skips them.
+    grouped schemes (`int4_weight_only`, `8da4w`), as `export_llm` skips them. The copy
+    shares `module`'s float weights (`module_copies.sharing_weights`): `quantize_` gives
+    each quantized linear a new weight of its own, one layer at a time, and leaves the
+    shared tensors as they are, so no float copy of the model is ever made.
     """
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import (
@@ -37,7 +41,7 @@ def quantize(
         quantize_,
     )
 
-    model = copy.deepcopy(module)
+    model = module_copies.sharing_weights(module)
     int4: torch.dtype = getattr(torch, "int4")  # noqa: B009 (torch's stubs lack it)
     grouped = scheme in ("int4_weight_only", "8da4w")
     config: Any

@@ -357,3 +357,24 @@ def test_int8_that_misses_the_budget_falls_back_to_linears_within_it(tmp_path: P
         assert entry.samples == 4, name  # static shapes: the example and 3 of other values
     assert report.quantization.calibration_samples == 4
     assert not [w for w in report.warnings if w.code == "quantization_inaccurate"]
+
+
+def test_torchaos_schemes_make_no_float_copy_and_leave_the_model_as_it_was() -> None:
+    """The quantized copy shares the float model's tensors; only the quantized linears get
+    weights of their own (a real-size LLM never holds a second float copy)."""
+    from engine.quantization.linears import quantize
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(64, 64), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+    ).eval()
+    before = {name: (p.data_ptr(), p._version, p.clone()) for name, p in model.named_parameters()}
+    ids = torch.randint(0, 64, (2, 5))
+    program = quantize(model, (ids,), {}, scheme="8da4w", group_size=32)
+    after = dict(model.named_parameters())
+    for name, (pointer, version, value) in before.items():
+        assert after[name].data_ptr() == pointer and after[name]._version == version
+        assert torch.equal(after[name], value)
+    shared = {p.data_ptr() for p in program.state_dict.values() if isinstance(p, torch.Tensor)}
+    assert model[0].weight.data_ptr() in shared  # the embedding: the model's own tensor
+    assert model[1].weight.data_ptr() not in shared  # the linear: quantized, its own
