@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from engine.load import module_copies
+from engine.verify.precision import reduced
 
 __all__ = ["quantize"]
 
@@ -25,6 +27,7 @@ def quantize(
     group_size: int,
     dynamic_shapes: Any = None,
     strict: bool = False,
+    float32: bool = False,
 ) -> torch.export.ExportedProgram:
     """A copy of `module` with its linears quantized by `scheme`, exported.
 
@@ -33,6 +36,11 @@ def quantize(
     shares `module`'s float weights (`module_copies.sharing_weights`): `quantize_` gives
     each quantized linear a new weight of its own, one layer at a time, and leaves the
     shared tensors as they are, so no float copy of the model is ever made.
+
+    With `float32` (a bfloat16 or float16 model for ExecuTorch, whose XNNPACK kernels for
+    these schemes take float32 activations: `export_llm` converts the model first), the
+    copy computes in float32: its other weights and its buffers are widened up front, and
+    each linear's weight just before torchao quantizes it, one layer at a time.
     """
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import (
@@ -63,7 +71,15 @@ def quantize(
     def linear(layer: torch.nn.Module, _fqn: str) -> bool:
         if not isinstance(layer, torch.nn.Linear):
             return False
+        if float32:
+            _widen(layer)  # just before its quantization: one float32 weight at a time
         return not grouped or layer.in_features % group_size == 0
+
+    if float32:
+        for layer in model.modules():
+            if not isinstance(layer, torch.nn.Linear):
+                _widen(layer)
+        args, kwargs = pytree.tree_map(_widened, (tuple(args), dict(kwargs)))
 
     quantize_(model, config, filter_fn=linear)
     # torchao's quantized weights are tensor subclasses; as ExecuTorch's own export stages
@@ -75,3 +91,22 @@ def quantize(
     return torch.export.export(
         model, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=strict
     )
+
+
+def _widened(value: Any) -> Any:
+    return value.float() if reduced(value) else value
+
+
+def _widen(layer: torch.nn.Module) -> None:
+    """`layer`'s own bfloat16/float16 parameters and buffers replaced by float32 ones of
+    its own (the tensors it shared stay as they are)."""
+    for name, parameter in list(layer._parameters.items()):
+        if reduced(parameter):
+            assert parameter is not None
+            layer._parameters[name] = torch.nn.Parameter(
+                parameter.detach().float(), requires_grad=False
+            )
+    for name, buffer in list(layer._buffers.items()):
+        if reduced(buffer):
+            assert buffer is not None
+            layer._buffers[name] = buffer.float()

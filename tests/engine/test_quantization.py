@@ -229,12 +229,23 @@ def test_int8_bert_encoder_is_twice_smaller_on_executorch_within_the_budget(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # two conversions of a generation-ready LLM on 2 shared cores
-def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(
+    tmp_path: Path, dtype: str
+) -> None:
+    """A bfloat16 checkpoint too: XNNPACK's kernels for the scheme take float32, so the
+    quantized copy computes in float32 (its linears widened one at a time)."""
     pytest.importorskip("executorch")
+    import transformers
+
     from tests.engine.test_checkpoints import export, zip_directory
     from tests.engine.test_generation import TEXT_GENERATION, llama
 
-    archive = zip_directory(llama(tmp_path), tmp_path / "model.zip")
+    directory = llama(tmp_path)
+    if dtype == "bfloat16":
+        model = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        model.to(torch.bfloat16).save_pretrained(directory)
+    archive = zip_directory(directory, tmp_path / "model.zip")
     options = {
         **TEXT_GENERATION,
         "verify": {"roundtrip": False, "samples": 0},
@@ -246,6 +257,7 @@ def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(tmp_path: Path
     }
     report = export(tmp_path, archive, options).report
     assert report.status == "succeeded", report.error
+    assert report.model is not None and set(report.model.parameters) == {dtype}
     assert report.generation is not None and report.generation.check is not None
     pte = report.targets["executorch"]
     assert pte.status == "succeeded", pte.error

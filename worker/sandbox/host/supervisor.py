@@ -44,6 +44,10 @@ DEFAULT_MEMORY_MB = 8192
 MEMORY_PER_UPLOAD_MB = 2
 """MB of memory per MB of upload for a job whose options set no `memory_mb` (the weights
 mapped once, plus what verification, the generation check and the round trip hold)."""
+MEMORY_PER_UPLOAD_MB_PER_TARGET = 1
+"""And per deployment target asked for: a converter holds its artifact's weights (an
+ExecuTorch `8da4w` conversion of a 2.47 GB bfloat16 Llama peaked 6.6 GB above its job's
+verification)."""
 MEMORY_BASE_MB = 4096
 DISK_PER_UPLOAD_MB = 4
 """MB of disk per MB of upload, when that is more than the worker's `disk_mb`: the
@@ -56,12 +60,14 @@ def sized(
 ) -> tuple[ExportOptions, SandboxSettings]:
     """The job's options and the worker's settings for it, sized from its uploads'
     bytes: `memory_mb` when the options set none (`MEMORY_PER_UPLOAD_MB` per MB of
-    upload plus `MEMORY_BASE_MB`, at least `DEFAULT_MEMORY_MB`, at most the worker's
-    `max_memory_mb`), and the disk quota and largest file likewise (`DISK_PER_UPLOAD_MB`,
-    at most `max_disk_mb`). The one place a job's limits are sized."""
+    upload, `MEMORY_PER_UPLOAD_MB_PER_TARGET` more per target, plus `MEMORY_BASE_MB`; at
+    least `DEFAULT_MEMORY_MB`, at most the worker's `max_memory_mb`), and the disk quota
+    and largest file likewise (`DISK_PER_UPLOAD_MB`, at most `max_disk_mb`). The one
+    place a job's limits are sized."""
     upload_mb = -(-upload_bytes // (1 << 20))
     if options.memory_mb is None:
-        wanted = max(DEFAULT_MEMORY_MB, MEMORY_PER_UPLOAD_MB * upload_mb + MEMORY_BASE_MB)
+        per_mb = MEMORY_PER_UPLOAD_MB + MEMORY_PER_UPLOAD_MB_PER_TARGET * len(options.targets)
+        wanted = max(DEFAULT_MEMORY_MB, per_mb * upload_mb + MEMORY_BASE_MB)
         options = options.model_copy(
             update={"memory_mb": min(wanted, max(settings.max_memory_mb, 256))}
         )
