@@ -18,15 +18,9 @@ from typing import Any
 
 import torch
 
-from engine.verify.precision import PRECISION_RATIO, REDUCED, float32_run
+from engine.verify.precision import PRECISION_RATIO, float32_run, reduced_model
 
 __all__ = ["judged", "reduced_model"]
-
-
-def reduced_model(model: torch.nn.Module) -> bool:
-    """Whether `model`'s floating weights are bfloat16 or float16."""
-    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
-    return bool(floating) and all(dtype in REDUCED for dtype in floating)
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ import torch
 
 from engine.quantization import accuracy
 from engine.quantization.schemes import METHODS, TARGET_SCHEMES, refusal, takes
-from engine.verify.precision import REDUCED
+from engine.verify.precision import reduced_model
 from schemas.options import QuantizeOptions
 from schemas.quantization import QuantizationReport
 
@@ -88,7 +88,7 @@ class Quantizing:
         not decomposed: PT2E's for ExecuTorch's `int8` / `int8_dynamic`, else torchao's
         (AOTInductor's `int8_dynamic` too)."""
         method = "pt2e" if self.scheme in PT2E_SCHEMES and target == "executorch" else "torchao"
-        float32 = method == "torchao" and target == "executorch" and self._reduced()
+        float32 = method == "torchao" and target == "executorch" and reduced_model(self.pristine)
         if float32:
             method = "torchao-float32"
         if method not in self._programs:
@@ -119,11 +119,6 @@ class Quantizing:
                     float32=float32,
                 )
         return self._programs[method]
-
-    def _reduced(self) -> bool:
-        """Whether the model's floating weights are all bfloat16 or float16."""
-        floating = [p.dtype for p in self.pristine.parameters() if p.is_floating_point()]
-        return bool(floating) and all(dtype in REDUCED for dtype in floating)
 
     def accepts_outputs(self, expected: Any, actual: Any) -> bool:
         """Whether outputs `actual` are within the budget against float's `expected`."""

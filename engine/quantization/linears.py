@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine.load import module_copies
-from engine.verify.precision import reduced
+from engine.verify.precision import reduced, widened
 
 __all__ = ["quantize"]
 
@@ -79,7 +79,7 @@ def quantize(
         for layer in model.modules():
             if not isinstance(layer, torch.nn.Linear):
                 _widen(layer)
-        args, kwargs = pytree.tree_map(_widened, (tuple(args), dict(kwargs)))
+        args, kwargs = pytree.tree_map(widened, (tuple(args), dict(kwargs)))
 
     quantize_(model, config, filter_fn=linear)
     # torchao's quantized weights are tensor subclasses; as ExecuTorch's own export stages
@@ -91,10 +91,6 @@ def quantize(
     return torch.export.export(
         model, tuple(args), dict(kwargs), dynamic_shapes=dynamic_shapes, strict=strict
     )
-
-
-def _widened(value: Any) -> Any:
-    return value.float() if reduced(value) else value
 
 
 def _widen(layer: torch.nn.Module) -> None:

@@ -43,6 +43,8 @@ __all__ = [
     "float32_run",
     "judge",
     "reduced",
+    "reduced_model",
+    "widened",
 ]
 
 REDUCED = (torch.float16, torch.bfloat16)
@@ -55,6 +57,17 @@ docs/engine.md gives the measured ratios this bound is set from."""
 def reduced(tensor: Any) -> bool:
     """Whether `tensor` is a floating tensor in a reduced precision."""
     return isinstance(tensor, torch.Tensor) and tensor.dtype in REDUCED
+
+
+def reduced_model(model: torch.nn.Module) -> bool:
+    """Whether `model`'s floating weights are all bfloat16 or float16."""
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    return bool(floating) and all(dtype in REDUCED for dtype in floating)
+
+
+def widened(value: Any) -> Any:
+    """`value` in float32 when it is a reduced-precision tensor, else as it is."""
+    return value.float() if reduced(value) else value
 
 
 @contextlib.contextmanager
@@ -152,10 +165,7 @@ def float32_run(
     reduced precision are widened too), and its reduced-precision buffers after the run,
     in float32."""
 
-    def widen(value: Any) -> Any:
-        return value.float() if reduced(value) else value
-
-    args, kwargs = pytree.tree_map(widen, (args, kwargs))
+    args, kwargs = pytree.tree_map(widened, (args, kwargs))
     with torch.no_grad(), _float32(module) as written:
         outputs = module(*args, **kwargs)
     return outputs, written
