@@ -57,6 +57,14 @@ def test_a_llama_folder_shows_its_fields_and_its_result_says_what_it_did(
     assert report["generation"]["max_cache_len"] == 32
     assert report["generation"]["check"]["max_new_tokens"] == 4
     page.wait_for_selector(".generation-check", timeout=60_000)
+    # every run of the check, not only the first: the second prompt and the restart
+    runs = report["generation"]["check"]["runs"]
+    assert [r["prompt"] for r in runs] == ["second", "example"]
+    shown = page.locator("[data-card=generation] .generation-check li[data-run]")
+    assert shown.evaluate_all("items => items.map((li) => li.dataset.run)") == ["second", "example"]
+    assert shown.evaluate_all("items => items.map((li) => li.dataset.matched)") == [
+        json.dumps(r["matched"]) for r in runs
+    ]
 
     # the header says how it was traced as the report (and the summary) does
     fact = page.locator("[data-fact=tracing]")

@@ -206,7 +206,23 @@ function generationLine(c) {
         ? `✓ equal to eager transformers' tokens up to a near tie: the first difference is where eager's own margin is within its rounding noise (see generation.check: within_noise, margin, noise)`
         : `✗ generates other tokens than eager transformers from token ${c.first_mismatch} on`)),
     h("p", { class: "small muted" }, "eager: ", h("code", {}, c.expected.join(" ")),
-      c.matched ? null : h("span", {}, " · this: ", h("code", {}, c.generated.join(" ")))));
+      c.matched ? null : h("span", {}, " · this: ", h("code", {}, c.generated.join(" ")))),
+    c.runs?.length ? h("ol", { class: "generation-runs small", start: 2 }, c.runs.map(generationRun)) : null);
+}
+
+const PROMPTS = { second: "a second prompt", example: "the example prompt again" };
+
+/** A later run of a generation check (generation.check.runs[]), restarted at position 0 on the same loaded artifact. */
+function generationRun(r) {
+  const passed = r.matched || r.within_noise === true;
+  const what = r.matched ? "✓ equal to eager's tokens"
+    : passed ? `✓ equal up to a near tie at token ${r.first_mismatch}`
+      : `✗ other tokens than eager's from token ${r.first_mismatch} on`;
+  return h("li", { "data-run": r.prompt, "data-matched": String(r.matched), "data-passed": String(passed) },
+    `Restarted at position 0 with ${PROMPTS[r.prompt] || r.prompt}`,
+    r.prompt_ids?.length ? h("span", {}, " (ids ", h("code", {}, r.prompt_ids.join(" ")), ")") : null,
+    `: ${what}.`,
+    r.matched ? null : h("span", { class: "muted" }, " eager: ", h("code", {}, r.expected.join(" ")), " · this: ", h("code", {}, r.generated.join(" "))));
 }
 
 /**
