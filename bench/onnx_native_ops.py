@@ -13,15 +13,20 @@ the exporter's first-use imports):
   with `torch.export.export` itself);
 - trace: `torch.export.export`, the job's tracing stage;
 - decompose: `engine.decompose.decomposition.decompose` in `core_aten` mode, the job's decomposing
-  stage (program.pt2), and the same with `preserve: ["aten.<op>.input"]`;
+  stage (program.pt2, the recurrent layer kept whole), and the same with
+  `preserve: ["aten.<op>.input"]`;
 - convert: `engine.targets.run_target("onnx", ...)`'s `duration_s` (convert and load)
   and its whole time with verification against eager (the example; no dynamic dims, so
   no further samples);
-- with `--before`: `engine.targets.onnx.convert` of the decomposed program, what the
-  target converted before it took the traced one (minutes at 160 frames);
+- with `--before`: `engine.targets.onnx.convert` of the program decomposed with
+  `unroll_recurrent` (the recurrence unrolled over its frames; minutes at 160 frames);
 - nodes / native: the ONNX graph's node count and its `LSTM` / `GRU` / `RNN` nodes;
 - ORT ms: median of `--runs` ONNX Runtime runs (CPU provider, default threads) on the
-  example, after 5 warm-up runs.
+  example, after 5 warm-up runs;
+- job: the whole export in-process (`engine.pipeline.export.run_export` of a model file
+  holding the same module and example, options `{"targets": ["onnx"]}`: tracing,
+  decomposing, verifying, serializing with its round trip, converting, profiling off),
+  wall time, and its ratio to plain.
 """
 
 from __future__ import annotations
@@ -96,6 +101,52 @@ def latency_ms(path: Path, x: torch.Tensor, runs: int) -> float:
     return statistics.median(times) * 1000
 
 
+MODEL_FILE = """
+import torch
+from torch import nn
+
+
+class SpeakerEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.{layer}(40, 256, 3, batch_first=True)
+        self.linear = nn.Linear(256, 256)
+
+    def forward(self, mels):
+        _, hidden = self.rnn(mels)
+        if isinstance(hidden, tuple):
+            hidden = hidden[0]
+        embedding = torch.relu(self.linear(hidden[-1]))
+        return embedding / torch.norm(embedding, dim=1, keepdim=True)
+
+
+torch.manual_seed(0)
+model = SpeakerEncoder().eval()
+example_args = (torch.randn(2, {frames}, 40),)
+"""
+
+
+def job(kind: str, frames: int, work: Path) -> tuple[float, int]:
+    """The whole export of the same module as a job would run it: wall seconds and the
+    ONNX model's node count."""
+    from engine.load.model import Upload
+    from engine.pipeline.export import ExportRequest, run_export
+
+    source = work / f"{kind}_job.py"
+    source.write_text(MODEL_FILE.format(layer=NATIVE[kind], frames=frames))
+    request = ExportRequest(
+        upload=Upload(model=source),
+        options=ExportOptions.model_validate({"targets": ["onnx"]}),
+        out_dir=work / f"{kind}_job",
+        work_dir=work / f"{kind}_job_work",
+    )
+    result, seconds = timed(lambda: run_export(request))
+    assert result.report.status == "succeeded", result.report.error
+    assert result.report.targets["onnx"].status == "succeeded"
+    nodes, _ = graph(work / f"{kind}_job" / "model.onnx")
+    return seconds, nodes
+
+
 def bench(kind: str, frames: int, runs: int, before: bool, work: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     module = SpeakerEncoder(kind).eval()
@@ -145,11 +196,12 @@ def bench(kind: str, frames: int, runs: int, before: bool, work: Path) -> dict[s
     row["ort_ms"] = latency_ms(out / "model.onnx", x, runs)
     row["plain_ort_ms"] = latency_ms(plain_path, x, runs)
 
+    row["job_s"], row["job_nodes"] = job(kind, frames, work)
+    row["job_ratio"] = row["job_s"] / row["plain_s"]
     if before:
         old = work / f"{kind}_before.onnx"
-        _, row["before_convert_s"] = timed(
-            lambda: onnx_target.convert(decomposed.ep, (x,), {}, old)
-        )
+        unrolled = decomposition.decompose(traced, DecompositionOptions(unroll_recurrent=True))
+        _, row["before_convert_s"] = timed(lambda: onnx_target.convert(unrolled.ep, (x,), {}, old))
         row["before_nodes"], _ = graph(old)
         row["before_ort_ms"] = latency_ms(old, x, runs)
     return row
@@ -178,7 +230,8 @@ def main() -> None:
     columns = [
         "kind", "frames", "plain_s", "trace_s", "decompose_s", "decompose_preserve_s",
         "convert_s", "target_s", "ratio", "plain_nodes", "nodes", "plain_native", "native",
-        "program_nodes", "plain_ort_ms", "ort_ms", "max_abs_error",
+        "program_nodes", "job_s", "job_ratio", "job_nodes", "plain_ort_ms", "ort_ms",
+        "max_abs_error",
         "before_convert_s", "before_nodes", "before_ort_ms",
     ]  # fmt: skip
     shown = [c for c in columns if any(c in row for row in rows)]

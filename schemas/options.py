@@ -35,6 +35,13 @@ class DecompositionOptions(StrictModel):
             "passes, and warn; false fails with `decomposition_failed` instead."
         ),
     )
+    unroll_recurrent: bool = Field(
+        default=False,
+        description=(
+            "In `core_aten` mode, decompose LSTM, GRU and RNN layers by unrolling them over "
+            "their time steps; false keeps them as single ops (warning `recurrent_ops_kept`)."
+        ),
+    )
 
 
 class VerifyOptions(StrictModel):

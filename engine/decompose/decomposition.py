@@ -28,20 +28,21 @@ from __future__ import annotations
 import copy
 import re
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
+from engine.decompose import recurrent
+from engine.decompose.shrink import shrink
 from engine.diagnostics.source_map import SourceMap
 from engine.errors import DecompositionFailed, InvalidRequest
 from engine.trace.graph_ops import op_histogram, subgraphs, target_name
 from schemas import DecompositionOptions, DecompositionReport, ReportWarning, SourceLocation
 
 Table = dict[Any, Callable[..., Any]]
-T = TypeVar("T")
 
 _EXPORT_ASSERTIONS = frozenset(
     {
@@ -108,7 +109,10 @@ def decompose(
                 details={"ops": names, "reason": "decomposition_failed"},
             )
         )
-    return Decomposed(ep=final, report=_report(ep, final, opts, kept), warnings=warnings)
+    report = _report(ep, final, opts, kept)
+    if opts.mode == "core_aten" and not opts.unroll_recurrent:
+        warnings += recurrent.kept_warnings(report.ops_after)
+    return Decomposed(ep=final, report=report, warnings=warnings)
 
 
 def keep_until_verified(
@@ -233,36 +237,14 @@ def non_core_aten_ops(graph_module: torch.fx.GraphModule) -> list[str]:
     return sorted(found)
 
 
-def shrink(keep: Sequence[T], passes: Callable[[list[T]], bool]) -> list[T]:
-    """Delta debugging: the smallest subset of `keep` found for which `passes` holds.
-
-    `passes(keep)` must hold and `passes([])` is taken to fail. The result is 1-minimal:
-    dropping any single element of it makes `passes` fail.
-    """
-    current = list(keep)
-    chunks = 2
-    while len(current) >= 2:
-        size = -(-len(current) // chunks)
-        parts = [current[i : i + size] for i in range(0, len(current), size)]
-        for part in parts:
-            trial = [item for item in current if item not in part]
-            if trial and passes(trial):
-                current = trial
-                chunks = max(chunks - 1, 2)
-                break
-        else:
-            if chunks >= len(current):
-                break
-            chunks = min(chunks * 2, len(current))
-    return current
-
-
 # --- internals ----------------------------------------------------------------------------
 
 
 def _options_table(opts: DecompositionOptions, warnings: list[ReportWarning]) -> Table:
     """The table of a mode other than "none", without the preserved ops."""
     preserve = [resolve_op(name) for name in opts.preserve]
+    if opts.mode == "core_aten" and not opts.unroll_recurrent:
+        preserve += recurrent.OPS
     table = _table(opts.mode, [resolve_op(name) for name in opts.decompose], warnings)
     for op in preserve:
         table.pop(op, None)

@@ -57,6 +57,7 @@ from engine.profile import profiling
 from engine.quantization import calibration
 from engine.serialize import documents, portability, roundtrip
 from engine.serialize.artifacts import (
+    CRASH_REPORT,
     GRAPH,
     PROGRAM,
     PROVISIONAL_REPORT,
@@ -159,7 +160,8 @@ def run_export(
     if finish_report is not None:
         finish_report(report)
     report = write_json(request.out_dir / REPORT, report, artifacts)
-    (request.out_dir / PROVISIONAL_REPORT).unlink(missing_ok=True)  # report.json says it all
+    for provisional in (PROVISIONAL_REPORT, CRASH_REPORT):  # report.json says it all
+        (request.out_dir / provisional).unlink(missing_ok=True)
     return ExportResult(report=report, artifacts=artifacts)
 
 

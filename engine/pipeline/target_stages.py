@@ -7,11 +7,13 @@ equal share of what is left of the job's time limit among the targets not yet co
 never more than the job has left, less a reserve for the report and the profiles. One
 over it fails (`target_failed`, `details.reason` `timeout`) and the next one starts.
 
-The provisional report (`report.partial.json`, `ExportRequest.provisional_report`) is the
-report as it would be were the job stopped there by its time limit: the stage in progress
-failed, the target in progress `target_failed` (`reason` `timeout`, `limit` `timeout_s`),
-the ones after it skipped; else warning `timeout`. A worker that stops the job for its
-time limit delivers it, with `program.pt2` and the targets finished, instead of nothing.
+The provisional reports (`ExportRequest.provisional_report`) are the report as it would
+be were the job stopped there: by its time limit (`report.partial.json`: the stage in
+progress failed, the target in progress `target_failed` with `reason` `timeout` and
+`limit` `timeout_s`, the ones after it skipped; else warning `timeout`) or by a crash of
+its process in native code (`report.crashed.json`: `reason` `crashed`; else warning
+`crashed`). A worker whose job stops so delivers the matching one, with `program.pt2`
+and the targets finished, instead of nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from engine.load.model import LoadedModel
 from engine.pipeline.run_state import ExportRun
 from engine.pipeline.steps import partial_verification_warning, write_json
 from engine.profile import profiling
-from engine.serialize.artifacts import PROGRAM, PROVISIONAL_REPORT
+from engine.serialize.artifacts import CRASH_REPORT, PROGRAM, PROVISIONAL_REPORT
 from engine.targets import time_budget
 from schemas import ReportWarning, StageRecord, TargetResult
 
@@ -250,12 +252,30 @@ def write_provisional(
     running: str | None = None,
     budget_s: float | None = None,
 ) -> None:
-    """Write `report.partial.json` when the request asks for it: the report were the job
-    stopped now by its time limit, in stage `run.stage`, with target `running` (its
-    budget `budget_s`) in progress. Written whole, then renamed into place: a job stopped
+    """Write the provisional reports when the request asks for them: the report were the
+    job stopped now in stage `run.stage`, with target `running` (its budget `budget_s`)
+    in progress: by its time limit (`report.partial.json`) and by a crash of its process
+    (`report.crashed.json`). Each written whole, then renamed into place: a job stopped
     while writing leaves the previous one."""
     if not run.request.provisional_report:
         return
+    for name, cause in ((PROVISIONAL_REPORT, "timeout"), (CRASH_REPORT, "crashed")):
+        report = _stopped(run, artifacts, cause, running, budget_s)
+        path = run.request.out_dir / name
+        written = path.with_name(path.name + ".tmp")
+        write_json(written, report, {})
+        os.replace(written, path)
+
+
+def _stopped(
+    run: ExportRun,
+    artifacts: dict[str, Path],
+    cause: str,
+    running: str | None,
+    budget_s: float | None,
+) -> Any:
+    """The report of a job stopped now by `cause`: `timeout` (its time limit) or `crashed`
+    (its process died of a signal)."""
     from engine.targets import failures
 
     options, limit = run.request.options, run.time_limit_s
@@ -265,13 +285,19 @@ def write_provisional(
             name=run.stage,
             status="failed",
             duration_s=time.perf_counter() - run.stage_started,
-            message="stopped by the job's time limit",
+            message="stopped by the job's time limit"
+            if cause == "timeout"
+            else "the job's process crashed",
         ),
     ]
     targets, warnings = dict(run.targets), list(run.warnings)
     error = None
     if running is not None:
-        body = failures.timeout(running, budget_s or 0.0, timeout_s=limit)
+        body = (
+            failures.timeout(running, budget_s or 0.0, timeout_s=limit)
+            if cause == "timeout"
+            else failures.crashed(running)
+        )
         targets[running] = TargetResult(status="failed", error=body)
         if options.targets_required:
             error = body
@@ -279,7 +305,7 @@ def write_provisional(
             warnings.append(
                 ReportWarning(code="target_failed", message=body.message, details=body.details)
             )
-    else:
+    elif cause == "timeout":
         warnings.append(
             ReportWarning(
                 code="timeout",
@@ -288,16 +314,20 @@ def write_provisional(
                 details={"stage": run.stage, "timeout_s": limit},
             )
         )
-    for name in options.targets:
-        targets.setdefault(
-            name,
-            TargetResult(
-                status="skipped",
-                notes=["The job reached its time limit before this target was converted."],
-            ),
+    else:
+        warnings.append(
+            ReportWarning(
+                code="crashed",
+                message=f"The job's process crashed in stage {run.stage} (native code); what "
+                "it finished before is kept.",
+                details={"stage": run.stage},
+            )
         )
-    report = run.report(error, artifacts, stages=stages, warnings=warnings, targets=targets)
-    path = run.request.out_dir / PROVISIONAL_REPORT
-    written = path.with_name(path.name + ".tmp")
-    write_json(written, report, {})
-    os.replace(written, path)
+    why = (
+        "The job reached its time limit before this target was converted."
+        if cause == "timeout"
+        else "The job's process crashed before this target was converted."
+    )
+    for name in options.targets:
+        targets.setdefault(name, TargetResult(status="skipped", notes=[why]))
+    return run.report(error, artifacts, stages=stages, warnings=warnings, targets=targets)

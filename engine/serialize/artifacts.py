@@ -18,6 +18,9 @@ PROVISIONAL_REPORT = "report.partial.json"
 """The report as it would be were the job stopped now by its time limit: written by a
 sandboxed job before each target and before profiling, delivered by the worker when it
 had to stop the job then (`ExportRequest.provisional_report`); never an artifact."""
+CRASH_REPORT = "report.crashed.json"
+"""The same were the job's process to crash now (die of a signal in native code),
+delivered by the worker when it did."""
 ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
 ENCODER = "encoder.pt2"
 """An encoder-decoder model's encoder program, beside its decoder (`program.pt2`)."""

@@ -425,6 +425,7 @@ def _loading(name: str, settings: dict[str, Any], facts: dict[str, Any]) -> dict
         return {
             "input_names": facts.get("inputs"),
             "output_names": outputs[len(outputs) - len(wanted) :] if wanted else None,
+            "refuse_empty": bool(facts.get("recurrent_nodes")),
         }
     return {key: value for key, value in settings.items() if key in ("isa", "method")}
 

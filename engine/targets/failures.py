@@ -75,6 +75,21 @@ def error(name: str, exc: BaseException) -> ErrorBody:
     return error_body("target_failed", message, hint=hint, stage="converting", details=details)
 
 
+def crashed(name: str) -> ErrorBody:
+    """The `target_failed` body of target `name` whose conversion or runtime crashed the
+    job's process (`reason` `crashed`; the worker adds the `signal`)."""
+    return error_body(
+        "target_failed",
+        f"{name}: the job's process crashed while this target was converted, loaded or "
+        "verified (native code of its converter or runtime)",
+        hint="program.pt2 and the targets finished before it are kept. Leave this target out "
+        "of `targets`, or try other settings for it (onnx.opset, onnx.dtype, narrower dynamic "
+        "ranges); the crash is a bug of the converter or runtime named in the environment.",
+        stage="converting",
+        details={"target": name, "reason": "crashed"},
+    )
+
+
 def timeout(
     name: str, budget_s: float, *, phase: str | None = None, timeout_s: float | None = None
 ) -> ErrorBody:

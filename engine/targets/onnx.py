@@ -194,6 +194,7 @@ def convert(
             external_data=external,
             initializer_bytes=weights,
             native_ops=natives,
+            recurrent_nodes=sum(node.op_type in RECURRENT_NODES for node in model.graph),
             metadata=dict(model.metadata_props),
             onnx=onnx.__version__,
             onnxscript=onnxscript.__version__,
@@ -207,6 +208,7 @@ def load(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     threads: int | None = None,
+    refuse_empty: bool = False,
 ) -> Any:
     """An ONNX Runtime session (CPU provider) over `path`, as a runner of flat outputs.
 
@@ -215,7 +217,9 @@ def load(
     session refuses a name the model does not have), else the model's own. With
     `output_names`, those outputs are fetched by name. `threads` sets the session's
     intra-op thread pool (`THREAD_SETTINGS`); None leaves ONNX Runtime's default (one
-    thread per physical core).
+    thread per physical core). `refuse_empty` (a model with `RECURRENT_NODES`): a call
+    with an empty input raises instead of running, as ONNX Runtime 1.32 aborts the whole
+    process (`terminate called without an active exception`) on an empty batch there.
     """
     import onnxruntime
 
@@ -239,6 +243,8 @@ def load(
             raise RuntimeError(
                 f"model.onnx takes {len(names)} inputs, the call has {len(tensors)} tensors"
             )
+        if refuse_empty and any(t.numel() == 0 for t in tensors):
+            raise RuntimeError(EMPTY_REFUSED)
         feed = {name: _numpy(t) for name, t in zip(names, tensors, strict=True)}
         return [torch.from_numpy(out) for out in session.run(fetch, feed)]
 
@@ -280,6 +286,15 @@ NATIVE_OPS = frozenset(
 )
 """Ops the core ATen decomposition unrolls or spells out that ONNX has single nodes for:
 `LSTM`, `GRU`, `RNN` (`engine.targets.onnx_rnn`) and, from opset 23, `Attention`."""
+
+
+RECURRENT_NODES = frozenset({"LSTM", "GRU", "RNN"})
+"""ONNX's recurrent ops: ONNX Runtime aborts the process on an empty input to them."""
+
+EMPTY_REFUSED = (
+    "not run: ONNX Runtime aborts the whole process on an empty input to its LSTM, GRU "
+    "and RNN nodes; declare 1 as the min of the dims that can be 0 here"
+)
 
 
 def native_ops(program: torch.export.ExportedProgram) -> list[str]:

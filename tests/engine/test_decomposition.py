@@ -17,8 +17,8 @@ from engine.decompose.decomposition import (
     keep_until_verified,
     non_core_aten_ops,
     resolve_op,
-    shrink,
 )
+from engine.decompose.shrink import shrink
 from engine.diagnostics.source_map import SourceMap
 from engine.errors import DecompositionFailed, InvalidRequest
 from schemas import DecompositionOptions, DecompositionReport
@@ -339,3 +339,44 @@ def test_shrink_finds_a_one_minimal_set() -> None:
 def test_shrink_keeps_a_set_where_every_element_is_needed() -> None:
     assert shrink(["x", "y", "z"], lambda trial: len(trial) == 3) == ["x", "y", "z"]
     assert shrink(["only"], lambda trial: False) == ["only"]
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(4, 8, 2, batch_first=True)
+        self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(self.gru(x)[0])[0]
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_recurrent_layers_stay_whole_unless_unrolling_is_asked_for(unroll: bool) -> None:
+    module = _Recurrent().eval()
+    x = torch.randn(2, 5, 4)
+    ep = torch.export.export(module, (x,))
+    result = decompose(ep, DecompositionOptions(unroll_recurrent=unroll))
+    after = result.report.ops_after
+    recurrent = {"aten.gru.input", "aten.lstm.input"}
+    torch.testing.assert_close(result.ep.module()(x), module(x))
+    if unroll:
+        assert not recurrent & set(after)
+        assert result.warnings == []
+        return
+    assert {op: after[op] for op in recurrent} == {"aten.gru.input": 1, "aten.lstm.input": 1}
+    assert recurrent <= set(result.report.non_core_aten_ops)
+    assert [(w.code, w.details) for w in result.warnings] == [
+        (
+            "recurrent_ops_kept",
+            {"ops": sorted(recurrent), "counts": {"aten.gru.input": 1, "aten.lstm.input": 1}},
+        )
+    ]
+
+
+def test_recurrent_layers_are_decomposed_when_custom_mode_lists_them() -> None:
+    ep = torch.export.export(_Recurrent().eval(), (torch.randn(2, 5, 4),))
+    result = decompose(ep, DecompositionOptions(mode="custom", decompose=["aten.gru.input"]))
+    assert "aten.gru.input" not in result.report.ops_after
+    assert result.report.ops_after["aten.lstm.input"] == 1
+    assert result.warnings == []

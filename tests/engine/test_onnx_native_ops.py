@@ -4,8 +4,8 @@
 `aten.rnn_tanh` / `aten.rnn_relu` over the time steps (hundreds of nodes per layer) and
 expands `aten.scaled_dot_product_attention` into matmuls and a softmax. The `onnx` target
 converts the program before decomposition, so the exporter keeps them as ONNX `LSTM`,
-`GRU`, `RNN` and (opset 23) `Attention` nodes, while `program.pt2`'s own decomposition
-stays core ATen.
+`GRU`, `RNN` and (opset 23) `Attention` nodes. `program.pt2`'s own decomposition keeps
+the recurrent ops whole too unless `decomposition.unroll_recurrent` asks otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from engine import targets
 from engine.decompose import decomposition
 from schemas import DecompositionOptions, ExportOptions, TargetResult
+from tests.engine.model_files import export_file
 
 pytest.importorskip("onnxruntime", reason="target onnx needs onnxruntime")
 onnx = pytest.importorskip("onnx", reason="target onnx needs onnx")
@@ -112,9 +113,15 @@ def test_a_recurrent_model_converts_to_native_onnx_ops(
     assert nodes[op] == LAYERS
     assert sum(nodes.values()) <= 20 * LAYERS
     assert not {"Loop", "Scan"} & set(nodes)
-    # program.pt2's decomposition is unaffected: the recurrence unrolled, frame by frame
-    assert aten not in ops(program)
-    assert sum(node.op == "call_function" for node in program.graph.nodes) > FRAMES * LAYERS
+    # program.pt2 keeps the layer whole as well; unrolled only when the options ask
+    assert aten in ops(program)
+    unrolled = decomposition.decompose(
+        torch.export.export(module, (torch.randn(2, FRAMES, 8),)),
+        DecompositionOptions(unroll_recurrent=True),
+    )
+    assert aten not in ops(unrolled.ep)
+    assert sum(node.op == "call_function" for node in unrolled.ep.graph.nodes) > FRAMES * LAYERS
+    assert "recurrent_ops_kept" not in [w.code for w in unrolled.warnings]
 
 
 def test_attention_reaches_onnx_as_one_attention_node(tmp_path: Path) -> None:
@@ -160,3 +167,49 @@ def test_an_lstm_with_a_projection_is_unrolled_for_onnx(tmp_path: Path) -> None:
     # Runtime refuses to load, so this one is decomposed before conversion
     _, _, nodes = convert(Projected(), (torch.randn(2, FRAMES, 8),), tmp_path)
     assert "LSTM" not in nodes
+
+
+def test_a_recurrent_job_keeps_the_layer_whole_from_program_to_onnx(tmp_path: Path) -> None:
+    # the whole pipeline: program.pt2 calls the LSTM as one op (no unrolled time steps
+    # to decompose), verifies and round-trips; the ONNX model has one LSTM node per layer.
+    # Its batch may be 0 (Dim's default min), on which ONNX Runtime aborts the process:
+    # that sample is refused before it runs, and the model kept for the range it ran
+    result = export_file(
+        tmp_path, "speaker_lstm.py", {"targets": ["onnx"], "target_range": "verified"}
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    assert report.decomposition is not None
+    assert report.decomposition.ops_after["aten.lstm.input"] == 1
+    assert "aten.lstm.input" in report.decomposition.non_core_aten_ops
+    kept = [w.details for w in report.warnings if w.code == "recurrent_ops_kept"]
+    assert kept == [{"ops": ["aten.lstm.input"], "counts": {"aten.lstm.input": 1}}]
+    assert report.verification is not None and report.verification.verdict == "verified"
+    assert [s.input_shapes["args[0]"][0] for s in report.verification.samples][:3] == [3, 0, 64]
+    assert report.verification.roundtrip is not None
+    assert report.verification.roundtrip.status == "passed"
+    onnx_result = report.targets["onnx"]
+    assert onnx_result.status == "succeeded", onnx_result.error
+    assert onnx_result.details["recurrent_nodes"] == LAYERS
+    assert onnx_result.details["verified_range"] == {"args[0]": {"0": [3, 64]}}
+    assert onnx_result.verification is not None
+    statuses = {s.label: (s.status, s.bound) for s in onnx_result.verification.samples}
+    assert statuses["min"] == ("skipped", "runtime")
+    assert statuses["example"][0] == statuses["max"][0] == "passed"
+    nodes = Counter(n.op_type for n in onnx.load(str(tmp_path / "out" / "model.onnx")).graph.node)
+    assert nodes["LSTM"] == LAYERS
+
+
+def test_an_empty_batch_never_reaches_onnx_runtimes_recurrent_nodes(tmp_path: Path) -> None:
+    # ONNX Runtime 1.32 aborts the process (std::terminate) on an empty batch through
+    # LSTM: the target's runner refuses it, and the job fails the target, not the process
+    result = export_file(
+        tmp_path, "speaker_lstm.py", {"targets": ["onnx"], "verify": {"samples": 1}}
+    )
+    report = result.report
+    assert report.status == "succeeded", report.error
+    onnx_result = report.targets["onnx"]
+    assert onnx_result.status == "failed" and onnx_result.error is not None
+    assert onnx_result.error.details["reason"] == "runtime_refused"
+    assert onnx_result.error.details["verified_range"] == {"args[0]": {"0": [3, 3]}}
+    assert [w.details["target"] for w in report.warnings if w.code == "target_failed"] == ["onnx"]

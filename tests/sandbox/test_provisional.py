@@ -12,8 +12,8 @@ import pytest
 
 from engine.load.model import Upload
 from engine.pipeline.export import ExportRequest, run_export
-from engine.serialize.artifacts import PROVISIONAL_REPORT
-from schemas import ExportOptions, Progress, ReportDocument
+from engine.serialize.artifacts import CRASH_REPORT, PROVISIONAL_REPORT
+from schemas import ErrorBody, ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body
 from tests.sandbox.conftest import MODELS
 from worker.sandbox import SandboxJob, SandboxSettings
@@ -53,11 +53,21 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ),
         progress=progress,
     )
-    assert {"program.pt2", "model.onnx", PROVISIONAL_REPORT} <= {p.name for p in snapshot.iterdir()}
+    written = {p.name for p in snapshot.iterdir()}
+    assert {"program.pt2", "model.onnx", PROVISIONAL_REPORT, CRASH_REPORT} <= written
     return snapshot
 
 
-def _finish(produced: Path, tmp_path: Path, *, timed_out: bool = True) -> results.SandboxResult:
+CRASH = {
+    "code": "internal_error",
+    "message": "The job's process crashed (SIGSEGV).",
+    "details": {"reason": "crashed", "signal": "SIGSEGV"},
+}
+
+
+def _finish(
+    produced: Path, tmp_path: Path, *, timed_out: bool = True, crashed: bool = False
+) -> results.SandboxResult:
     job = SandboxJob(
         model=MODELS / "service_small.py",
         inputs=None,
@@ -66,6 +76,8 @@ def _finish(produced: Path, tmp_path: Path, *, timed_out: bool = True) -> result
         job_dir=tmp_path / "job",
     )
     error = TIMEOUT if timed_out else error_body("out_of_memory", memory_mb=1024)
+    if crashed:
+        error = ErrorBody.model_validate(CRASH)
     return results.finish(
         job,
         produced,
@@ -128,4 +140,26 @@ def test_only_a_stop_by_the_time_limit_delivers_it(stopped: Path, tmp_path: Path
     produced = Path(shutil.copytree(stopped, tmp_path / "out"))
     result = _finish(produced, tmp_path, timed_out=False)
     assert result.error is not None and result.error.code == "out_of_memory"
+    assert set(result.artifacts) == {"report.json"}
+
+
+def test_a_crashed_job_is_what_its_crash_report_says(stopped: Path, tmp_path: Path) -> None:
+    produced = Path(shutil.copytree(stopped, tmp_path / "out"))
+    result = _finish(produced, tmp_path, timed_out=False, crashed=True)
+    assert result.error is None
+    report = result.report
+    assert report.status == "succeeded"
+    assert set(result.artifacts) == {"program.pt2", "graph.json", "signature.json", "report.json"}
+    onnx = report.targets["onnx"]
+    assert onnx.status == "failed" and onnx.error is not None
+    assert onnx.error.details == {"target": "onnx", "reason": "crashed", "signal": "SIGSEGV"}
+    assert (report.stages[-1].name, report.stages[-1].status) == ("converting", "failed")
+
+
+def test_a_crash_without_its_report_fails_with_the_signal(stopped: Path, tmp_path: Path) -> None:
+    produced = Path(shutil.copytree(stopped, tmp_path / "out"))
+    (produced / CRASH_REPORT).unlink()
+    result = _finish(produced, tmp_path, timed_out=False, crashed=True)
+    assert result.error is not None and result.error.code == "internal_error"
+    assert result.error.details == {"reason": "crashed", "signal": "SIGSEGV"}
     assert set(result.artifacts) == {"report.json"}

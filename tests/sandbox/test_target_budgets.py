@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serialize.artifacts import PROVISIONAL_REPORT
+from engine.serialize.artifacts import CRASH_REPORT, PROVISIONAL_REPORT
 from schemas import SandboxReport
 from tests.sandbox.conftest import fresh_runner, run_upload
 from worker.sandbox import SandboxResult, SandboxRunner
@@ -79,3 +79,34 @@ def test_a_job_stopped_by_its_time_limit_while_converting_keeps_what_it_finished
     stopped = report.stages[-1]
     assert (stopped.name, stopped.status) == ("converting", "failed")
     assert report.verification is not None and report.verification.passed
+
+
+def test_a_job_whose_process_crashes_while_converting_keeps_its_program(
+    runner: SandboxRunner,
+) -> None:
+    # The process aborts (SIGABRT) inside target onnx's verification: the job is what
+    # its crash report says, the program verified and delivered, the target failed
+    result = run_upload(runner, "target_crash.py", {"targets": ["onnx", "aoti"], **QUICK})
+    assert result.error is None, result.error
+    report = result.report
+    assert report.status == "succeeded"
+    assert {"program.pt2", "graph.json", "signature.json"} <= set(result.artifacts)
+    assert "model.onnx" not in result.artifacts
+    assert not {PROVISIONAL_REPORT, CRASH_REPORT} & set(result.artifacts)
+    assert report.verification is not None and report.verification.passed
+    onnx = report.targets["onnx"]
+    assert onnx.status == "failed" and onnx.error is not None
+    assert (onnx.error.code, onnx.error.details["reason"], onnx.error.details["signal"]) == (
+        "target_failed",
+        "crashed",
+        "SIGABRT",
+    )
+    assert report.targets["aoti"].status == "skipped"  # never reached
+    warned = [w.details for w in report.warnings if w.code == "target_failed"]
+    assert [(w["target"], w["reason"], w["signal"]) for w in warned] == [
+        ("onnx", "crashed", "SIGABRT")
+    ]
+    stopped = report.stages[-1]
+    assert (stopped.name, stopped.status) == ("converting", "failed")
+    assert isinstance(report.sandbox, SandboxReport)
+    assert report.sandbox.details["exit"]["signal"] is not None

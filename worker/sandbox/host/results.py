@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.serialize.artifacts import PROVISIONAL_REPORT, REPORT
+from engine.serialize.artifacts import CRASH_REPORT, PROVISIONAL_REPORT, REPORT
 from schemas import (
     ArtifactInfo,
     Environment,
@@ -62,14 +62,22 @@ def finish(
     worker's own copy, hashed once as it was copied (`report.artifacts`); a failed
     report when there is an error or no valid report. A job stopped by its time limit
     (`timed_out`) that wrote a provisional report (`PROVISIONAL_REPORT`: it had saved its
-    program) is what that report says, with what it lists; else it failed (`error`)."""
+    program), or one whose process crashed (`error`: an `internal_error` of `reason`
+    `crashed`) after writing `CRASH_REPORT`, is what that report says, with what it lists
+    and the crash's signal; else it failed (`error`)."""
     out_dir = job.job_dir / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     report: ReportDocument | None = None
     found: dict[str, Path] = {}
     infos: dict[str, ArtifactInfo] = {}
     accepted = watch.accepted if watch is not None else None
-    provisional = _provisional(produced, settings, started) if timed_out else None
+    crash = _crash(error)
+    provisional = None
+    if timed_out or crash is not None:
+        which = PROVISIONAL_REPORT if timed_out else CRASH_REPORT
+        provisional = _provisional(produced, settings, started, which)
+        if provisional is not None and crash is not None:
+            _signal_into(provisional.report, crash)
     if provisional is not None:
         report, found, error = provisional.report, provisional.files, None
     elif accepted is not None and error is None:
@@ -119,16 +127,40 @@ def finish(
     return SandboxResult(report=report, artifacts=artifacts, error=report.error, stdout_tail=tail)
 
 
+def _crash(error: ErrorBody | None) -> str | None:
+    """The signal a job's process crashed of (`map_error`'s crash), or None."""
+    details = error.details if error is not None else {}
+    if error is None or error.code != "internal_error" or details.get("reason") != "crashed":
+        return None
+    return str(details.get("signal"))
+
+
+def _signal_into(report: ReportDocument, signal_name: str) -> None:
+    """The crash's signal in what a crash report says crashed: the target in progress
+    (its error and its `target_failed` warning), or the warning `crashed`."""
+    bodies = [t.error for t in report.targets.values() if t.error is not None]
+    if report.error is not None:
+        bodies.append(report.error)
+    for body in bodies:
+        if body.details.get("reason") == "crashed":
+            body.details["signal"] = signal_name
+    for warning in report.warnings:
+        if warning.code == "crashed" or (
+            warning.code == "target_failed" and warning.details.get("reason") == "crashed"
+        ):
+            warning.details["signal"] = signal_name
+
+
 def _provisional(
-    produced: Path | None, settings: SandboxSettings, started: float
+    produced: Path | None, settings: SandboxSettings, started: float, which: str
 ) -> Accepted | None:
-    """The outputs a job stopped by its time limit listed in its provisional report (the
-    same checks as `report.json`'s), its stopped stage given the time since it was
-    written; None when it wrote none or one the checks refuse (the job then timed out)."""
+    """The outputs a stopped job listed in its provisional report `which` (the same
+    checks as `report.json`'s), its stopped stage given the time since it was written;
+    None when it wrote none or one the checks refuse (the job then failed as it stopped)."""
     if produced is None:
         return None
     try:
-        taken = take_outputs(produced, settings, report=PROVISIONAL_REPORT)
+        taken = take_outputs(produced, settings, report=which)
     except Untrusted:
         return None
     if taken is None:
@@ -218,6 +250,7 @@ def map_error(
             code="internal_error",
             message=f"The job's process crashed ({signal.Signals(signum).name}).",
             hint="A crash in native code; if your model uses none, please report it.",
+            details={"reason": "crashed", "signal": signal.Signals(signum).name},
         )
     if watch.lockdown is None:
         return ErrorBody(
