@@ -15,7 +15,10 @@ the exporter's first-use imports):
 - decompose: `engine.decompose.decomposition.decompose` in `core_aten` mode, the job's decomposing
   stage (program.pt2, the recurrent layer kept whole), and the same with
   `preserve: ["aten.<op>.input"]`;
-- convert: `engine.targets.run_target("onnx", ...)`'s `duration_s` (convert and load)
+- convert: `engine.targets.run_target(
+        "onnx",
+        targets.TargetJob(...)`'s `duration_s` (convert and load),
+    )
   and its whole time with verification against eager (the example; no dynamic dims, so
   no further samples);
 - with `--before`: `engine.targets.onnx.convert` of the program decomposed with
@@ -175,13 +178,15 @@ def bench(kind: str, frames: int, runs: int, before: bool, work: Path) -> dict[s
     result, row["target_s"] = timed(
         lambda: targets.run_target(
             "onnx",
-            program=decomposed.ep,
-            traced=traced,
-            pristine=module,
-            args=(x,),
-            kwargs={},
-            out_dir=out,
-            options=ExportOptions(targets=["onnx"]),
+            targets.TargetJob(
+                program=decomposed.ep,
+                traced=traced,
+                pristine=module,
+                args=(x,),
+                kwargs={},
+                out_dir=out,
+                options=ExportOptions(targets=["onnx"]),
+            ),
         )
     )
     assert result.status == "succeeded", result.error

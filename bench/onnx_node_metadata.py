@@ -1,6 +1,6 @@
 """What the node metadata torch's ONNX exporter writes costs a generation-ready LLM's
 `model.onnx`: its bytes with the nodes' `metadata_props` kept and removed
-(`engine.targets.onnx_metadata.strip_node_metadata`, which `engine.targets.onnx.convert`
+(`engine.targets.onnx.metadata.strip_node_metadata`, which `engine.targets.onnx.convert`
 calls before saving).
 
     python bench/onnx_node_metadata.py

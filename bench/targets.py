@@ -40,7 +40,7 @@ from torch.export import Dim
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import targets
-from engine.serialize.artifacts import TARGET_ARTIFACTS
+from engine.targets.registry import TARGET_ARTIFACTS
 
 
 class ConvNet(torch.nn.Module):

@@ -1,12 +1,13 @@
 """What each deployment target needs on a worker besides torch, and whether it is there.
 
-Torch-free (the package `engine.targets` imports torch), so that describing a worker's
-environment (`engine.environment.libraries.describe_environment`, `torchport env`, `GET
-/v1/environment`) can say which targets work without loading torch in the worker's parent
-process: `missing` looks for the modules (`importlib.util.find_spec`) and for `aoti` the C++
-compiler; `IMPORT_CHECKS` are the statements the environment check runs in a fresh
-interpreter like the jobs', since a module that is found may still fail to import
-(executorch is installed without its declared dependencies).
+Torch-free (read from the targets' rows, `engine.targets.registry`), so that describing
+a worker's environment (`engine.environment.libraries.describe_environment`, `torchport
+env`, `GET /v1/environment`) can say which targets work without loading torch in the
+worker's parent process: `missing` looks for the modules (`importlib.util.find_spec`) and,
+for a target whose toolchain has `g++` (`aoti`), the C++ compiler; `IMPORT_CHECKS` are the
+statements the environment check runs in a fresh interpreter like the jobs', since a
+module that is found may still fail to import (executorch is installed without its
+declared dependencies).
 """
 
 from __future__ import annotations
@@ -16,33 +17,27 @@ import os
 import shutil
 from collections.abc import Mapping
 
+from engine.targets.registry import TARGETS
 from schemas import TargetSupport
 
-__all__ = ["IMPORT_CHECKS", "REQUIRES", "describe_targets", "missing"]
-
-REQUIRES: dict[str, tuple[str, ...]] = {
-    "onnx": ("onnx", "onnxscript", "onnxruntime"),
-    "aoti": (),
-    "executorch": ("executorch", "torchao", "ruamel.yaml", "flatbuffers", "tabulate"),
-}
-"""The importable modules each target needs besides torch."""
+__all__ = ["IMPORT_CHECKS", "describe_targets", "missing"]
 
 IMPORT_CHECKS: dict[str, str] = {
-    "onnx": "import onnx, onnxscript, onnxruntime",
-    "executorch": "import executorch.exir, executorch.runtime, torchao",
+    row.name: row.import_check for row in TARGETS.values() if row.import_check is not None
 }
 """The statement that shows a target's packages import (`aoti` needs only torch and g++)."""
 
 
 def missing(name: str) -> list[str]:
     """What target `name` needs that this machine lacks: modules that cannot be found,
-    or for `aoti` the C++ compiler (`$CXX`, else g++); empty when it can run."""
+    or for a target compiling C++ (`aoti`) the compiler (`$CXX`, else g++); empty when it
+    can run."""
     absent = []
-    if name == "aoti":
+    if "g++" in TARGETS[name].toolchain:
         compiler = os.environ.get("CXX") or "g++"
         if shutil.which(compiler) is None:
             absent.append(compiler)
-    for module in REQUIRES[name]:
+    for module in TARGETS[name].requires:
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
@@ -63,7 +58,7 @@ def describe_targets(
             all found then `works` None, not known).
     """
     described = []
-    for name in REQUIRES:
+    for name in TARGETS:
         absent = missing(name)
         if absent:
             described.append(TargetSupport(name=name, works=False, missing=absent))

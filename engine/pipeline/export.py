@@ -63,10 +63,10 @@ from engine.serialize.artifacts import (
     PROVISIONAL_REPORT,
     REPORT,
     SIGNATURE,
-    TARGET_FILES,
 )
 from engine.serialize.program_save import EarlySave, save_program
 from engine.shapes.dim_names import dim_names
+from engine.targets.registry import TARGET_FILES
 from engine.trace import library_adaptations, tracing
 from engine.verify import verification
 from schemas import (

@@ -81,8 +81,7 @@ def convert_targets(
                 share = TARGET_PHASES[what]
                 run.emit((index + share) / len(wanted), f"{name}: {what}")
 
-            result = targets.run_target(
-                name,
+            job = targets.TargetJob(
                 program=ep,
                 traced=traced,
                 pristine=pristine,
@@ -91,12 +90,14 @@ def convert_targets(
                 out_dir=run.request.out_dir,
                 options=options,
                 names=names,
+                task=loaded.checkpoint.task if loaded.checkpoint is not None else None,
                 generation=loaded.generation,
                 progress=phase,
                 profiled=profiled,
                 quantizing=quantizing,
                 budget_s=budget,
             )
+            result = targets.run_target(name, job)
             if quantizing is not None:
                 quantization_check(run, quantizing, name, result)
             if result.error is not None:  # name the op it failed on, and the user's line

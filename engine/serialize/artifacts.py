@@ -1,4 +1,5 @@
 """The artifacts of an export: their names, and how each is described in the report.
+The deployment targets' files are their rows' in `engine.targets.registry`.
 
 Torch-free on purpose: the worker (which never imports torch) and the CLI use it too.
 """
@@ -24,27 +25,6 @@ delivered by the worker when it did."""
 ARTIFACT_NAMES = (PROGRAM, GRAPH, SIGNATURE, REPORT)
 ENCODER = "encoder.pt2"
 """An encoder-decoder model's encoder program, beside its decoder (`program.pt2`)."""
-
-ONNX = "model.onnx"
-AOTI = "model.aoti.pt2"
-EXECUTORCH = "model.pte"
-TARGET_ARTIFACTS = {"onnx": ONNX, "aoti": AOTI, "executorch": EXECUTORCH}
-"""The file each deployment target writes (option `targets`), by target name."""
-
-ONNX_DATA = "model.onnx.data"
-TARGET_COMPANIONS: dict[str, tuple[str, ...]] = {
-    "onnx": (ONNX_DATA, "encoder.onnx", "encoder.onnx.data"),
-    "aoti": ("encoder.aoti.pt2",),
-}
-"""Files a target may write beside its artifact (listed in its report entry's
-`artifacts`): the weights of an ONNX model saved with external data, and an
-encoder-decoder model's encoder (`engine.targets.encoders`)."""
-
-TARGET_FILES = (
-    *TARGET_ARTIFACTS.values(),
-    *(name for names in TARGET_COMPANIONS.values() for name in names),
-)
-"""Every file name any target may write."""
 
 
 def artifact_info(path: Path) -> ArtifactInfo:

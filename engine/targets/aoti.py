@@ -34,12 +34,31 @@ import platform
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["THREAD_SETTINGS", "Isa", "convert", "load", "notes", "resolve_isa", "runtime"]
+from engine.targets.interface import Conversion, TargetJob
+from engine.targets.registry import spec
+from schemas import ExportOptions, VerifyOptions
+
+if TYPE_CHECKING:
+    from engine.generation import Encoder
+
+__all__ = [
+    "THREAD_SETTINGS",
+    "Isa",
+    "convert",
+    "convert_encoder",
+    "load",
+    "loading",
+    "notes",
+    "prepare",
+    "resolve_isa",
+    "runtime",
+    "tolerances",
+]
 
 THREAD_SETTINGS: tuple[str, ...] = ()
 """What `load(threads=...)` sets besides torch's own thread count: nothing. The kernels run
@@ -92,6 +111,40 @@ class Isa:
         with config.patch(self.inductor_configs()), _probes_in_process():
             picked = str(pick_vec_isa())
         return "none" if picked == "INVALID_VEC_ISA" else picked
+
+
+def prepare(job: TargetJob) -> Conversion:
+    """The program saved as program.pt2 (the job's quantized one with option `quantize`),
+    compiled for option `aoti.isa`."""
+    source = job.quantizing.program("aoti") if job.quantizing is not None else job.program
+    settings = {"isa": job.options.aoti.isa, **job.overrides}
+    return Conversion(source, job.args, job.kwargs, settings)
+
+
+def loading(settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """The package is loaded for the ISA it was compiled for."""
+    return {"isa": settings["isa"]}
+
+
+def tolerances(options: ExportOptions) -> VerifyOptions:
+    """The job's verification options."""
+    return options.verify
+
+
+def convert_encoder(
+    encoder: Encoder, path: Path, settings: dict[str, Any], facts: dict[str, Any]
+) -> tuple[Any, list[Path]]:
+    """`encoder.aoti.pt2` beside `path`: the encoder program's own package."""
+    program = encoder.program
+    assert program is not None, "the encoder program is made first"
+    name = spec("aoti").encoder
+    assert name is not None
+    written = path.with_name(name)
+    own: dict[str, Any] = {}
+    isa = settings.get("isa", "portable")
+    convert(program, (), dict(encoder.kwargs), written, facts=own, isa=isa)
+    facts["encoder"] = {key: value for key, value in own.items() if key != "inputs"}
+    return load(written, program, isa=isa), [written]
 
 
 def resolve_isa(isa: str, *, machine: str | None = None) -> Isa:

@@ -26,13 +26,30 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["THREAD_SETTINGS", "bound", "convert", "load", "notes", "runtime"]
+from engine.targets.interface import Conversion, TargetJob
+from schemas import ExportOptions, VerifyOptions
+
+if TYPE_CHECKING:
+    from engine.generation import Encoder
+
+__all__ = [
+    "THREAD_SETTINGS",
+    "bound",
+    "convert",
+    "convert_encoder",
+    "load",
+    "loading",
+    "notes",
+    "prepare",
+    "runtime",
+    "tolerances",
+]
 
 THREAD_SETTINGS = ("executorch.threadpool",)
 """What `load(threads=...)` sets: the process's one ExecuTorch thread pool (XNNPACK's)."""
@@ -46,6 +63,44 @@ def runtime() -> str:
 
 
 _DELEGATE = "executorch_call_delegate"
+
+
+def prepare(job: TargetJob) -> Conversion:
+    """The program before decomposition (XNNPACK delegates more of it; linear stays
+    linear), or the job's quantized one with option `quantize`. A generation-ready
+    export carries the runner's metadata methods; an encoder-decoder model's `.pte` holds
+    the decoder as `text_decoder` and the encoder as a second method."""
+    from engine.targets import encoders
+
+    source = job.quantizing.program("executorch") if job.quantizing is not None else job.traced
+    settings: dict[str, Any] = {}
+    if job.generation is not None:
+        settings["constant_methods"] = job.generation.runner_metadata()
+        if job.generation.encoder is not None:
+            settings.update(encoders.executorch_settings(job.generation.encoder))
+    settings.update(job.overrides)
+    return Conversion(source, job.args, job.kwargs, settings)
+
+
+def loading(settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """The method the program's decoder is (`forward`, or `text_decoder` beside an
+    encoder)."""
+    return {key: value for key, value in settings.items() if key == "method"}
+
+
+def tolerances(options: ExportOptions) -> VerifyOptions:
+    """The job's verification options."""
+    return options.verify
+
+
+def convert_encoder(
+    encoder: Encoder, path: Path, settings: dict[str, Any], facts: dict[str, Any]
+) -> tuple[Any, list[Path]]:
+    """The encoder is a method of the decoder's `.pte`, written with it: only loaded."""
+    from engine.targets.encoders import ENCODER_METHOD
+
+    assert encoder.traced is not None, "the encoder program is made first"
+    return load(path, encoder.traced, method=ENCODER_METHOD), []
 
 
 def convert(

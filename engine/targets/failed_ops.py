@@ -25,6 +25,7 @@ import torch
 
 from engine.diagnostics.exception_text import chain_text
 from engine.diagnostics.source_map import SourceMap
+from engine.targets.registry import TARGETS
 from schemas import ErrorBody
 
 __all__ = ["named_op", "pinpoint"]
@@ -38,12 +39,6 @@ _NOT_CORE = re.compile(
     r"Operator torch\._ops\.(?P<op>[\w.]+) is not (?:in Core ATen opset|Aten Canonical)"
 )
 _OUT_VARIANTS = re.compile(r"Missing out variants: \{'(?P<op>[\w:.]+)'")
-
-_WHAT_FAILS = {
-    "onnx": "has no ONNX translation",
-    "aoti": "cannot be compiled by AOTInductor",
-    "executorch": "has no ExecuTorch kernel",
-}
 
 
 def named_op(exc: BaseException) -> dict[str, str]:
@@ -85,7 +80,7 @@ def pinpoint(
         code = f" (`{location.code}`)" if location.code else ""
         where = f", made by {location.file}:{location.line}{code},"
     hint = (
-        f"`{op}`{where} {_WHAT_FAILS.get(name, 'fails in ' + str(name))}: write that step with "
+        f"`{op}`{where} {_what_fails(name)}: write that step with "
         f"other torch operations, or leave {name} out of targets. program.pt2 is unaffected."
     )
     return error.model_copy(update={"hint": hint, "location": location, "details": details})
@@ -110,3 +105,9 @@ def _find(
 def _calls(node: torch.fx.Node, op: str) -> bool:
     target = str(node.target) if node.op == "call_function" else ""
     return target == op or target.startswith(op + ".")
+
+
+def _what_fails(name: str) -> str:
+    """How target `name`'s refusal of one op reads (its registry row's `failed_op`)."""
+    row = TARGETS.get(name)
+    return row.failed_op if row is not None and row.failed_op else f"fails in {name}"

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.targets import failed_ops
+from engine.targets.registry import spec
 from engine.verify import verification
 from schemas import ErrorBody, SampleCheck, VerificationReport
 from schemas.outcomes import error_body
 
 __all__ = [
-    "HINTS",
     "RUNTIME_BOUND",
     "TargetError",
     "clean",
@@ -41,18 +41,6 @@ class TargetError(Exception):
         self.details = details or {}
 
 
-HINTS = {
-    "onnx": "The ONNX exporter has no translation for an op of this program, or a "
-    "single-file model is over 2 GB (protobuf's limit: set onnx.external_data); see the "
-    "message. program.pt2 is unaffected.",
-    "aoti": "AOTInductor could not compile or load this program; see the message. "
-    "program.pt2 is unaffected.",
-    "executorch": "ExecuTorch could not lower or run this program (an op without an "
-    "ExecuTorch kernel, or a dynamic dim without an upper bound); see the message. "
-    "program.pt2 is unaffected.",
-}
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -68,7 +56,7 @@ def error(name: str, exc: BaseException) -> ErrorBody:
     else:
         lines = clean(str(exc)).strip().splitlines()
         message = f"{name}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-        hint = HINTS[name]
+        hint = spec(name).failure_hint
         details = {"exception": type(exc).__name__}
     details.update(failed_ops.named_op(exc))
     details["target"] = name

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import metadata
 
 import pytest
 
 from engine.environment import target_requirements
+from engine.targets.registry import TARGETS
 from schemas import EnvironmentDescription
 from torchport.cli import main
 
@@ -62,7 +64,8 @@ def test_env_says_whether_each_target_works(
 def test_env_without_checks_does_not_claim_an_import_works(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(target_requirements.REQUIRES, "executorch", ("torchport_no_such_module",))
+    row = dataclasses.replace(TARGETS["executorch"], requires=("torchport_no_such_module",))
+    monkeypatch.setitem(TARGETS, "executorch", row)
     assert main(["env", "--json", "--no-check"]) == 0
     described = EnvironmentDescription.model_validate_json(capsys.readouterr().out)
     found = {t.name: (t.works, t.missing) for t in described.targets}

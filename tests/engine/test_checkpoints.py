@@ -170,11 +170,15 @@ def test_a_bin_only_checkpoint_loads_in_the_engine(tmp_path: Path) -> None:
 
 def test_a_head_of_another_task_is_reported_as_newly_initialized(tmp_path: Path) -> None:
     archive = zip_directory(bert(tmp_path), tmp_path / "bert.zip")
-    result = export(tmp_path, archive, {**FAST, "task": "text-classification"})
+    result = export(tmp_path, archive, {**FAST, "task": "text-classification", "targets": ["onnx"]})
     assert result.succeeded, result.report.error
     assert result.report.checkpoint is not None
     assert result.report.checkpoint.model_class == "BertForSequenceClassification"
     assert "classifier.weight" in result.report.checkpoint.newly_initialized
+    # the ONNX model names the task the loader chose
+    onnx = result.report.targets["onnx"]
+    assert onnx.status == "succeeded", onnx.error
+    assert onnx.details["metadata"]["torchport.task"] == "text-classification"
 
 
 # --- errors -----------------------------------------------------------------------------

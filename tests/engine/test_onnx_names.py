@@ -15,7 +15,7 @@ from torch.export import Dim
 from engine import targets
 from engine.serialize import documents
 from engine.shapes.dim_names import dim_names
-from engine.targets import onnx_names
+from engine.targets.onnx import names as onnx_names
 from schemas import ExportOptions, TargetResult
 from schemas.version import __version__
 from tests.engine.test_targets import needs
@@ -58,15 +58,17 @@ def run_onnx(
     module, ep, names = case
     return targets.run_target(
         "onnx",
-        program=ep,
-        traced=ep,
-        pristine=module,
-        args=ARGS,
-        kwargs=KWARGS,
-        out_dir=out_dir,
-        options=ExportOptions(targets=["onnx"], onnx=onnx),
-        names=names,
-        onnx_external_threshold=threshold,
+        targets.TargetJob(
+            program=ep,
+            traced=ep,
+            pristine=module,
+            args=ARGS,
+            kwargs=KWARGS,
+            out_dir=out_dir,
+            options=ExportOptions(targets=["onnx"], onnx=onnx),
+            names=names,
+            overrides={} if threshold is None else {"external_threshold": threshold},
+        ),
     )
 
 
@@ -182,9 +184,17 @@ def test_outputs_named_like_inputs_passed_through_or_repeated(tmp_path: Path) ->
     module, args = Echo(), (torch.randn(2), torch.randn(2))
     ep = torch.export.export(module, args).run_decompositions()
     result = targets.run_target(
-        "onnx", program=ep, traced=ep, pristine=module, args=args, kwargs={},
-        out_dir=tmp_path, options=ExportOptions(targets=["onnx"]),
-    )  # fmt: skip
+        "onnx",
+        targets.TargetJob(
+            program=ep,
+            traced=ep,
+            pristine=module,
+            args=args,
+            kwargs={},
+            out_dir=tmp_path,
+            options=ExportOptions(targets=["onnx"]),
+        ),
+    )
     assert result.status == "succeeded", result.error
     assert result.details["inputs"] == ["x", "y"]
     assert result.details["outputs"] == ["x.output", "z", "z2", "y.output"]
@@ -318,6 +328,8 @@ def test_float16_weights_verified_with_the_float16_tolerance(tagger: Any, tmp_pa
     needs("onnx")
     import onnx
 
+    from engine.targets import onnx as onnx_target
+
     result = run_onnx(tagger, tmp_path, dtype="float16")
     assert result.status == "succeeded", result.error
     model = onnx.load(str(tmp_path / "model.onnx"))
@@ -327,6 +339,6 @@ def test_float16_weights_verified_with_the_float16_tolerance(tagger: Any, tmp_pa
     check = result.verification
     assert check is not None and check.passed is True
     tolerances = {(o.atol, o.rtol) for s in check.samples for o in s.outputs}
-    assert tolerances == {targets.FLOAT16_TOLERANCE}
+    assert tolerances == {onnx_target.FLOAT16_TOLERANCE}
     errors = [o.max_abs_error for s in check.samples for o in s.outputs]
     assert max(e for e in errors if e is not None) > 0  # float16 arithmetic, not float32

@@ -73,13 +73,15 @@ def convert(
     program = decomposition.decompose(traced, DecompositionOptions()).ep
     result = targets.run_target(
         "onnx",
-        program=program,
-        traced=traced,
-        pristine=module,
-        args=args,
-        kwargs={},
-        out_dir=out_dir,
-        options=ExportOptions(targets=["onnx"], **options),
+        targets.TargetJob(
+            program=program,
+            traced=traced,
+            pristine=module,
+            args=args,
+            kwargs={},
+            out_dir=out_dir,
+            options=ExportOptions(targets=["onnx"], **options),
+        ),
     )
     assert result.status == "succeeded", result.error
     assert result.verification is not None and result.verification.passed is True

@@ -6,6 +6,7 @@ p50 ≤ p90, positive values, the budget's effect), never speeds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from engine import targets
 from engine.profile import profiling
+from engine.targets import registry
 from schemas import ExportOptions, ProfileOptions, ProfileReport, ReportDocument
 from tests.engine.model_files import export_file
 from tests.engine.test_targets import needs
@@ -129,8 +131,8 @@ def test_profiles_are_on_by_default_only_with_targets() -> None:
 
 def without(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Target `name` fails at once: the worker "lacks" its packages."""
-    real = targets.missing
-    monkeypatch.setattr(targets, "missing", lambda t: [t] if t == name else real(t))
+    row = dataclasses.replace(registry.TARGETS[name], requires=("torchport_no_such_module",))
+    monkeypatch.setitem(registry.TARGETS, name, row)
 
 
 def test_no_profile_without_targets_or_when_turned_off(

@@ -121,14 +121,16 @@ def _narrower_pte(tmp_path: Path, **options: object) -> object:
     wider = torch.export.export(model, args, dynamic_shapes=({0: Dim("b", min=1, max=16)},))
     return targets.run_target(
         "executorch",
-        program=wider.run_decompositions(),
-        traced=planned,
-        pristine=model,
-        args=args,
-        kwargs={},
-        out_dir=tmp_path,
-        options=ExportOptions.model_validate({"verify": {"samples": 4}, **options}),
-        names={},
+        targets.TargetJob(
+            program=wider.run_decompositions(),
+            traced=planned,
+            pristine=model,
+            args=args,
+            kwargs={},
+            out_dir=tmp_path,
+            options=ExportOptions.model_validate({"verify": {"samples": 4}, **options}),
+            names={},
+        ),
     )
 
 

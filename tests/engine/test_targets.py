@@ -9,6 +9,7 @@ each on 2 cores, so one small model is compiled by default and the rest are `slo
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,9 @@ from torch.export import Dim
 from engine import targets
 from engine.load.model import Upload
 from engine.pipeline.export import ExportRequest, run_export
-from engine.serialize.artifacts import TARGET_ARTIFACTS
-from engine.targets import aoti
+from engine.targets import aoti, registry
 from engine.targets import onnx as onnx_target
+from engine.targets.registry import TARGET_ARTIFACTS
 from schemas import ExportOptions, TargetResult
 from tests.engine.model_files import MODELS, export_file
 
@@ -37,7 +38,7 @@ def needs(name: str) -> None:
         if compiler:
             pytest.skip(f"AOTInductor needs a C++ compiler: {', '.join(compiler)} not found")
         return
-    for module in targets.REQUIRES[name]:
+    for module in targets.spec(name).requires:
         pytest.importorskip(
             module,
             reason=f"target {name} needs {module}: pip install 'torchport[targets]'"
@@ -119,13 +120,15 @@ def encoder() -> Case:
 def run(name: str, case: Case, out_dir: Path, **options: Any) -> TargetResult:
     return targets.run_target(
         name,
-        program=case.program,
-        traced=case.traced,
-        pristine=case.module,
-        args=case.args,
-        kwargs={},
-        out_dir=out_dir,
-        options=ExportOptions(**options),
+        targets.TargetJob(
+            program=case.program,
+            traced=case.traced,
+            pristine=case.module,
+            args=case.args,
+            kwargs={},
+            out_dir=out_dir,
+            options=ExportOptions(**options),
+        ),
     )
 
 
@@ -264,7 +267,8 @@ def test_an_artifact_that_differs_from_eager_is_target_failed(
 def test_a_missing_package_is_target_failed_with_what_to_install(
     name: str, install: str, mlp: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(targets.REQUIRES, name, ("torchport_no_such_module",))
+    row = dataclasses.replace(registry.TARGETS[name], requires=("torchport_no_such_module",))
+    monkeypatch.setitem(registry.TARGETS, name, row)
     result = run(name, mlp, tmp_path)
     assert result.status == "failed" and result.verification is None
     error = result.error

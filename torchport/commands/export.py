@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 from rich.console import Console
 
-from engine.serialize.artifacts import ARTIFACT_NAMES, ENCODER, TARGET_FILES
+from engine.serialize.artifacts import ARTIFACT_NAMES, ENCODER
+from engine.targets.registry import TARGET_FILES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
 from schemas.outcomes import error_body, validation_items
 from torchport.checkpoints import UnusableAdapter, upload_path

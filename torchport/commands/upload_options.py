@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from engine.targets.registry import ORDER, TARGET_ARTIFACTS
 from torchport.tasks import contract_task
 
 
@@ -70,9 +71,10 @@ def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         action="append",
-        choices=("onnx", "aoti", "executorch"),
-        help="also produce and verify a deployment artifact: onnx (model.onnx), aoti "
-        "(model.aoti.pt2), executorch (model.pte) (repeatable; docs/targets.md)",
+        choices=ORDER,
+        help="also produce and verify a deployment artifact: "
+        + ", ".join(f"{name} ({artifact})" for name, artifact in TARGET_ARTIFACTS.items())
+        + " (repeatable; docs/targets.md)",
     )
     parser.add_argument(
         "--targets-required",

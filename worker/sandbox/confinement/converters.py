@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from engine.targets.registry import TARGETS
+
 __all__ = ["JOB_PATH", "directories", "programs", "toolchain"]
 
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -42,9 +44,8 @@ def programs(targets: Iterable[str]) -> list[Path]:
     """The files a job converting to `targets` may execute (resolved, existing ones);
     empty when none of the targets runs a program."""
     found: set[Path] = set()
-    for target in targets:
-        found |= set(_aoti() if target == "aoti" else ())
-        found |= set(_executorch() if target == "executorch" else ())
+    for program in _toolchain(targets):
+        found |= set(_FINDERS[program]())
     if found:
         found |= set(_resolved([_LOADERS.get(platform.machine(), "")]))
     return sorted(found)
@@ -57,13 +58,20 @@ def toolchain(targets: Iterable[str]) -> dict[str, Any]:
     loader), and for `g++` the include and library directories of Python and torch, as
     torch's inductor names them. Empty when none of the targets runs a program."""
     found: dict[str, Any] = {}
-    for target in targets:
-        if target == "aoti" and _aoti():
-            found["g++"] = str(_aoti()[0])
+    for program in _toolchain(targets):
+        paths = _FINDERS[program]()
+        if not paths:
+            continue
+        found[program] = str(paths[0])
+        if program == "g++":
             found["include"], found["libdirs"] = directories()
-        if target == "executorch" and _executorch():
-            found["flatc"] = str(_executorch()[0])
     return found
+
+
+def _toolchain(targets: Iterable[str]) -> list[str]:
+    """The programs the targets' conversions run (their registry rows' `toolchain`)."""
+    rows = [TARGETS[target] for target in targets if target in TARGETS]
+    return sorted({program for row in rows for program in row.toolchain})
 
 
 def directories() -> tuple[list[str], list[str]]:
@@ -124,3 +132,7 @@ def _executorch() -> tuple[Path, ...]:
 def _resolved(names: Iterable[str]) -> tuple[Path, ...]:
     paths = {Path(name).resolve() for name in names if name}
     return tuple(sorted(path for path in paths if path.is_file()))
+
+
+_FINDERS = {"g++": _aoti, "flatc": _executorch}
+"""How each toolchain program is found (the first path is the program itself)."""

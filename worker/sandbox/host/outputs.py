@@ -33,10 +33,8 @@ from engine.serialize.artifacts import (
     PROGRAM,
     REPORT,
     SIGNATURE,
-    TARGET_ARTIFACTS,
-    TARGET_COMPANIONS,
-    TARGET_FILES,
 )
+from engine.targets.registry import TARGET_ARTIFACTS, TARGET_COMPANIONS, TARGET_FILES
 from schemas import ArtifactInfo, GraphDocument, ReportDocument, SignatureDocument
 from worker.sandbox.settings import SandboxSettings
 

@@ -8,39 +8,58 @@ When the program before `run_decompositions` (`undecomposed`) calls `NATIVE_OPS`
 one is converted, as `torch.onnx.export(module)` itself does: the exporter decomposes it
 with its own table, which keeps every op it has an ONNX translation for, so `nn.LSTM` /
 `nn.GRU` become ONNX `LSTM` / `GRU` nodes (torch_lib), `nn.RNN` ONNX `RNN` nodes
-(`engine.targets.onnx_rnn`) and `scaled_dot_product_attention` ONNX `Attention` from
+(`engine.targets.onnx.rnn`) and `scaled_dot_product_attention` ONNX `Attention` from
 opset 23, where the core ATen program unrolls every time step and spells attention out
 in matmuls. Other programs, and those the exporter fails on undecomposed, are converted
 decomposed, as `program.pt2` is.
 
-The model carries the user's names (`engine.targets.onnx_names`, `engine.shapes.dim_names`):
+The model carries the user's names (`engine.targets.onnx.names`, `engine.shapes.dim_names`):
 inputs as `forward`'s parameters, outputs as the output structure, dynamic dims as the
 dynamic-shapes spec declared them; and in `metadata_props` the torchport version and,
 when known, the task.
+
+Beside this module (the target, `engine.targets.interface.Target`): `names` (the inputs',
+outputs' and task's names), `native` (the ops kept whole, and the exceptions), `rnn`
+(`nn.RNN` as ONNX `RNN`), `metadata` (node metadata removed before saving).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from engine.targets.onnx_metadata import strip_node_metadata
+from engine.targets.interface import Conversion, TargetJob
+from engine.targets.onnx import names as onnx_names
+from engine.targets.onnx import native as onnx_native
+from engine.targets.onnx.metadata import strip_node_metadata
+from engine.targets.registry import spec
+from schemas import ExportOptions, VerifyOptions
+
+if TYPE_CHECKING:
+    from engine.generation import Encoder
+from engine.targets.onnx.native import EMPTY_REFUSED, NATIVE_OPS, RECURRENT_NODES, native_ops
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
+    "FLOAT16_TOLERANCE",
     "NATIVE_OPS",
     "PROTOBUF_LIMIT",
     "THREAD_SETTINGS",
     "companions",
     "convert",
+    "convert_encoder",
     "load",
+    "loading",
     "native_ops",
     "notes",
+    "prepare",
+    "quantize_artifact",
     "runtime",
+    "tolerances",
 ]
 
 EXTERNAL_DATA_THRESHOLD = 1_500_000_000
@@ -58,6 +77,128 @@ def runtime() -> str:
     from importlib.metadata import version
 
     return f"ONNX Runtime {version('onnxruntime')}, CPUExecutionProvider"
+
+
+FLOAT16_TOLERANCE = (1e-2, 1e-2)
+"""(atol, rtol) a float16 model is verified with when verify.atol/rtol are unset."""
+
+
+def prepare(job: TargetJob) -> Conversion:
+    """The program to convert and its settings: the user's names for inputs, outputs and
+    dims, the version and task in `metadata_props`, the `onnx` options; the program before
+    decomposition as `undecomposed` (its native ops). A generation-ready export converts
+    instead the traced model with its KV cache as inputs and outputs
+    (`engine.generation.onnx_past`), under optimum's names."""
+    from schemas.version import __version__
+
+    metadata = {"torchport.version": __version__}
+    task = job.task or onnx_names.task(job.pristine)
+    if task is not None:
+        metadata["torchport.task"] = task
+    options = job.options.onnx
+    settings: dict[str, Any] = {
+        "input_names": onnx_names.input_names(job.pristine.forward, job.args, job.kwargs),
+        "output_names": onnx_names.output_names(job.program.call_spec.out_spec),
+        "dim_names": job.names,
+        "metadata": metadata,
+        "opset": options.opset,
+        "dtype": options.dtype,
+        "external_data": options.external_data,
+        **job.overrides,
+    }
+    if job.generation is None:
+        settings["undecomposed"] = job.traced
+        return Conversion(job.program, job.args, job.kwargs, settings)
+    from engine.generation import onnx_past
+
+    with_past = onnx_past.past_program(job.generation)
+    metadata["torchport.task"] = with_past.task
+    settings.update(
+        input_names=with_past.input_names,
+        output_names=with_past.output_names,
+        dim_names=with_past.dim_names,
+    )
+    return Conversion(with_past.program, (), with_past.kwargs, settings, with_past)
+
+
+def quantize_artifact(
+    path: Path, job: TargetJob, conversion: Conversion, facts: dict[str, Any]
+) -> None:
+    """Quantize `model.onnx` in place with ONNX Runtime's quantizer (option `quantize`),
+    calibrated on the job's calibration inputs (an LLM's: its example past)."""
+    from engine.quantization import onnx_runtime
+
+    quantizing = job.quantizing
+    assert quantizing is not None
+    with_past = conversion.with_past
+    onnx_runtime.quantize(
+        path,
+        dynamic=quantizing.scheme == "int8_dynamic",
+        input_names=facts.get("inputs") or [],
+        calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
+        accept=quantizing.accepts_outputs,
+        fallbacks=quantizing.fallbacks.setdefault("onnx", []),
+    )
+
+
+def loading(settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """Feed and fetch by the names the model has (a clash may have suffixed one); refuse
+    an empty batch when it has recurrent nodes."""
+    wanted = settings["output_names"]
+    outputs = facts.get("outputs") or []
+    return {
+        "input_names": facts.get("inputs"),
+        "output_names": outputs[len(outputs) - len(wanted) :] if wanted else None,
+        "refuse_empty": bool(facts.get("recurrent_nodes")),
+    }
+
+
+def tolerances(options: ExportOptions) -> VerifyOptions:
+    """The job's verification options; a float16 model's default to `FLOAT16_TOLERANCE`."""
+    opts = options.verify
+    if options.onnx.dtype != "float16":
+        return opts
+    atol, rtol = FLOAT16_TOLERANCE
+    return opts.model_copy(
+        update={
+            "atol": atol if opts.atol is None else opts.atol,
+            "rtol": rtol if opts.rtol is None else opts.rtol,
+        }
+    )
+
+
+def convert_encoder(
+    encoder: Encoder, path: Path, settings: dict[str, Any], facts: dict[str, Any]
+) -> tuple[Any, list[Path]]:
+    """`encoder.onnx` beside `path`: input named as the encoder's, output
+    `last_hidden_state`, the job's opset, dtype and external-data settings."""
+    from schemas.version import __version__
+
+    program = encoder.program
+    assert program is not None, "the encoder program is made first"
+    name = spec("onnx").encoder
+    assert name is not None
+    written = path.with_name(name)
+    own: dict[str, Any] = {}
+    convert(
+        program,
+        (),
+        dict(encoder.kwargs),
+        written,
+        facts=own,
+        input_names=[encoder.input_name],
+        output_names=["last_hidden_state"],
+        dim_names=encoder.names,
+        metadata={"torchport.version": __version__, "torchport.task": "encoder"},
+        opset=settings.get("opset"),
+        dtype=settings.get("dtype", "float32"),
+        external_data=settings.get("external_data", "auto"),
+    )
+    runner = load(
+        written, program, input_names=own.get("inputs"), output_names=["last_hidden_state"]
+    )
+    facts["encoder"] = {key: value for key, value in own.items() if key != "inputs"}
+    return runner, [written, *(p for p in companions(written) if p.exists())]
 
 
 def companions(path: Path) -> list[Path]:
@@ -112,11 +253,12 @@ def convert(
     import onnx
     import onnxscript
 
-    from engine.targets import TargetError, onnx_rnn
+    from engine.targets import TargetError
+    from engine.targets.onnx import rnn as onnx_rnn
 
     def export(source: torch.export.ExportedProgram) -> Any:
         return torch.onnx.export(
-            _without_mistranslated(source),
+            onnx_native.without_mistranslated(source),
             tuple(args),
             kwargs=dict(kwargs) or None,
             dynamo=True,
@@ -152,7 +294,7 @@ def convert(
     if dim_names:
         axes: dict[Any, str] = dict(dim_names)
         exported.rename_axes(axes)
-    _name_values(exported.model, input_names, output_names)
+    onnx_names.name_values(exported.model, input_names, output_names)
     if dtype == "float16":
         exported.model = _half(exported.model)
     for key, value in (metadata or {}).items():
@@ -275,125 +417,11 @@ def notes(facts: dict[str, Any]) -> list[str]:
     return out
 
 
-NATIVE_OPS = frozenset(
-    {
-        torch.ops.aten.lstm.input,
-        torch.ops.aten.gru.input,
-        torch.ops.aten.rnn_tanh.input,
-        torch.ops.aten.rnn_relu.input,
-        torch.ops.aten.scaled_dot_product_attention.default,
-    }
-)
-"""Ops the core ATen decomposition unrolls or spells out that ONNX has single nodes for:
-`LSTM`, `GRU`, `RNN` (`engine.targets.onnx_rnn`) and, from opset 23, `Attention`."""
-
-
-RECURRENT_NODES = frozenset({"LSTM", "GRU", "RNN"})
-"""ONNX's recurrent ops: ONNX Runtime aborts the process on an empty input to them."""
-
-EMPTY_REFUSED = (
-    "not run: ONNX Runtime aborts the whole process on an empty input to its LSTM, GRU "
-    "and RNN nodes; declare 1 as the min of the dims that can be 0 here"
-)
-
-
-def native_ops(program: torch.export.ExportedProgram) -> list[str]:
-    """The `NATIVE_OPS` called in `program` (its subgraphs included), by name."""
-    return sorted(
-        {
-            str(node.target)
-            for module in program.graph_module.modules()
-            if isinstance(module, torch.fx.GraphModule)
-            for node in module.graph.nodes
-            if node.op == "call_function" and node.target in NATIVE_OPS
-        }
-    )
-
-
-def _without_mistranslated(
-    program: torch.export.ExportedProgram,
-) -> torch.export.ExportedProgram:
-    """`program` with the ops torch_lib would translate into a broken model decomposed
-    first: an LSTM with `proj_size` (ONNX `LSTM` has no projection; torch_lib's node
-    for it makes a model ONNX Runtime refuses to load), unrolled as `core_aten` does."""
-    lstm = torch.ops.aten.lstm.input
-    nodes = [
-        node
-        for module in program.graph_module.modules()
-        if isinstance(module, torch.fx.GraphModule)
-        for node in module.graph.nodes
-        if node.op == "call_function" and node.target is lstm
-    ]
-    if not any(_projected(node) for node in nodes):
-        return program
-    return program.run_decompositions({lstm: torch.export.default_decompositions()[lstm]})
-
-
-def _projected(node: torch.fx.Node) -> bool:
-    """Whether an `aten.lstm.input` node has a projection: 5 weights per layer and
-    direction with biases (3 without) where a plain LSTM has 4 (2)."""
-    _, _, params, has_biases, num_layers, _, _, bidirectional, *_ = node.args
-    assert isinstance(params, Sequence) and isinstance(num_layers, int)
-    plain = (4 if has_biases else 2) * num_layers * (2 if bidirectional else 1)
-    return len(params) != plain
-
-
 def _dims(value: Any) -> list[int | str | None]:
     shape = value.shape
     if shape is None:
         return []
     return [dim if isinstance(dim, int) else getattr(dim, "value", None) for dim in shape]
-
-
-def _name_values(
-    model: Any, input_names: Sequence[str] | None, output_names: Sequence[str] | None
-) -> None:
-    """Give the graph's inputs and its last outputs (the user's: mutated buffers come
-    first) the names asked for. An intermediate value holding a name is renamed; an
-    output name an input or initializer already has gets `.output` appended; an output
-    that is also an input, or listed twice, is given an Identity of its own."""
-    import onnx_ir as ir
-
-    graph = model.graph
-    values = {
-        id(v): v
-        for v in [*graph.inputs, *graph.outputs]
-        + [out for node in ir.traversal.RecursiveGraphIterator(graph) for out in node.outputs]
-    }
-    reserved = set(graph.initializers)
-    inputs = list(graph.inputs)
-    if input_names is not None and len(input_names) == len(inputs):
-        for value, name in zip(inputs, input_names, strict=True):
-            _claim(values.values(), reserved, value, name)
-    outputs = list(graph.outputs)
-    if not output_names or len(output_names) > len(outputs):
-        return
-    first = len(outputs) - len(output_names)
-    seen: set[int] = set()
-    for index, name in enumerate(output_names, start=first):
-        value = outputs[index]
-        if value.is_graph_input() or id(value) in seen or value.name in graph.initializers:
-            node = ir.Node("", "Identity", inputs=[value], num_outputs=1)
-            graph.append(node)
-            copy = node.outputs[0]
-            copy.shape, copy.type = value.shape, value.type
-            graph.outputs[index] = copy
-            values[id(copy)] = copy
-            value = copy
-        seen.add(id(value))
-        _claim(values.values(), reserved, value, name)
-
-
-def _claim(values: Any, reserved: set[str], value: Any, name: str) -> None:
-    """Name `value` `name` (or `name.output` when an input, initializer or earlier
-    output has it); any other value of that name is renamed out of the way."""
-    while name in reserved:
-        name = f"{name}.output"
-    for other in values:
-        if other is not value and other.name == name:
-            other.name = f"{name}.{id(other):x}"
-    value.name = name
-    reserved.add(name)
 
 
 def _half(model: Any) -> Any:
@@ -419,7 +447,7 @@ def _half(model: Any) -> Any:
 def _conversion_error(exc: BaseException) -> Exception:
     """The exporter's error as a `TargetError` whose message is the cause, not the
     exporter's generic "Failed to convert ... Next steps" preamble."""
-    from engine.targets import _HINTS, TargetError, clean
+    from engine.targets.failures import TargetError, clean
 
     text = clean(str(exc))
     summary = text.split("## Exception summary", 1)
@@ -434,7 +462,7 @@ def _conversion_error(exc: BaseException) -> Exception:
         name, message = type(exc).__name__, (text.strip().splitlines() or [""])[0]
     return TargetError(
         f"onnx: {name}: {message}".rstrip(": "),
-        hint=_HINTS["onnx"],
+        hint=spec("onnx").failure_hint,
         details={"exception": name},
     )
 

@@ -9,13 +9,14 @@
   takes optimum's names: `past_key_values.0.key` as an input, `present.0.key` as an output.
 
 Plain functions of the module's signature, the example inputs and the program's output
-spec; no ONNX package needed.
+spec; no ONNX package needed. `name_values` gives an exported model's graph values those
+names (onnx_ir, imported when called).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from engine.load.inputs import parameter_names
 
-__all__ = ["input_names", "output_names", "task"]
+__all__ = ["input_names", "name_values", "output_names", "task"]
 
 _CACHE = re.compile(r"^past_key_values\.layers\.(\d+)\.(key|value)s$")
 
@@ -118,3 +119,54 @@ def _optimum(name: str, side: str) -> str:
         return name
     head = "past_key_values" if side == "input" else "present"
     return f"{head}.{match.group(1)}.{match.group(2)}"
+
+
+def name_values(
+    model: Any, input_names: Sequence[str] | None, output_names: Sequence[str] | None
+) -> None:
+    """Give the graph's inputs and its last outputs (the user's: mutated buffers come
+    first) the names asked for. An intermediate value holding a name is renamed; an
+    output name an input or initializer already has gets `.output` appended; an output
+    that is also an input, or listed twice, is given an Identity of its own."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    values = {
+        id(v): v
+        for v in [*graph.inputs, *graph.outputs]
+        + [out for node in ir.traversal.RecursiveGraphIterator(graph) for out in node.outputs]
+    }
+    reserved = set(graph.initializers)
+    inputs = list(graph.inputs)
+    if input_names is not None and len(input_names) == len(inputs):
+        for value, name in zip(inputs, input_names, strict=True):
+            claim(values.values(), reserved, value, name)
+    outputs = list(graph.outputs)
+    if not output_names or len(output_names) > len(outputs):
+        return
+    first = len(outputs) - len(output_names)
+    seen: set[int] = set()
+    for index, name in enumerate(output_names, start=first):
+        value = outputs[index]
+        if value.is_graph_input() or id(value) in seen or value.name in graph.initializers:
+            node = ir.Node("", "Identity", inputs=[value], num_outputs=1)
+            graph.append(node)
+            copy = node.outputs[0]
+            copy.shape, copy.type = value.shape, value.type
+            graph.outputs[index] = copy
+            values[id(copy)] = copy
+            value = copy
+        seen.add(id(value))
+        claim(values.values(), reserved, value, name)
+
+
+def claim(values: Any, reserved: set[str], value: Any, name: str) -> None:
+    """Name `value` `name` (or `name.output` when an input, initializer or earlier
+    output has it); any other value of that name is renamed out of the way."""
+    while name in reserved:
+        name = f"{name}.output"
+    for other in values:
+        if other is not value and other.name == name:
+            other.name = f"{name}.{id(other):x}"
+    value.name = name
+    reserved.add(name)
