@@ -10,10 +10,10 @@ import torch
 
 
 def in_target_stage() -> bool:
-    """Whether engine.targets.run (a target's verification) is on the stack."""
+    """Whether engine.targets (a target's verification) is on the stack."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_filename.replace("\\", "/").endswith("engine/targets/run.py"):
+        if "/engine/targets/" in frame.f_code.co_filename.replace("\\", "/"):
             return True
         frame = frame.f_back
     return False
