@@ -110,6 +110,8 @@ class ClaimedJob:
     attempt: int
     spec: JobSpec
     """The job's description, typed (`persistence.records.job_spec`)."""
+    owner: str | None = None
+    """The id of the API key that submitted it (None on a server without keys)."""
 
 
 def mark_unsent(sessions: sessionmaker[Session], job_id: str) -> None:
@@ -174,7 +176,7 @@ def claim(sessions: sessionmaker[Session], job_id: str, worker: str) -> ClaimedJ
         job = session.get(Job, job_id)
         assert job is not None
         add_event(session, job_id, "running", stage=None)
-        return ClaimedJob(id=job.id, attempt=job.attempts, spec=job_spec(job))
+        return ClaimedJob(id=job.id, attempt=job.attempts, spec=job_spec(job), owner=job.owner_id)
 
 
 def record_stage(

@@ -15,6 +15,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.limits import MAX_TIMEOUT_S
+from schemas.source import KEY_WILDCARD, parse_prefix
 
 DEFAULT_DATA_DIR = Path.home() / ".torchport"
 
@@ -48,6 +49,13 @@ class CommonSettings(BaseSettings):
     s3_endpoint_url: str | None = Field(
         default=None, description="Endpoint of an S3-compatible store (MinIO, R2, …)."
     )
+    checkpoint_sources: str = Field(
+        default="",
+        description="Comma-separated `s3://bucket/prefix/` under which a job may name its "
+        "checkpoint by reference (`model_url`), read with this deployment's S3 credentials "
+        "and `TORCHPORT_S3_ENDPOINT_URL`; `{key}` in a prefix stands for the caller's API "
+        "key id. Empty: no references.",
+    )
     broker_polling_interval_s: float = Field(
         default=0.05,
         gt=0,
@@ -80,7 +88,17 @@ class CommonSettings(BaseSettings):
             raise ValueError(
                 "TORCHPORT_HEARTBEAT_TIMEOUT_S must be over 3x TORCHPORT_HEARTBEAT_INTERVAL_S"
             )
+        for entry in self.allowed_sources:
+            try:
+                parse_prefix(entry.replace(KEY_WILDCARD, "key"))
+            except ValueError as exc:
+                raise ValueError(f"TORCHPORT_CHECKPOINT_SOURCES: {entry!r}: {exc}") from exc
         return self
+
+    @property
+    def allowed_sources(self) -> tuple[str, ...]:
+        """The allow-listed prefixes of `checkpoint_sources`."""
+        return tuple(e.strip() for e in self.checkpoint_sources.split(",") if e.strip())
 
     @classmethod
     def variables(cls) -> dict[str, FieldInfo]:

@@ -18,6 +18,7 @@ from schemas.job import JobPublic, JobSpec, JobSummary
 from schemas.options import SubmittedOptions
 from schemas.report import ReportDocument
 from schemas.signature import SignatureDocument
+from schemas.source import CheckpointSource
 
 DOCUMENTS: dict[str, type[BaseModel]] = {
     "options": SubmittedOptions,
@@ -29,6 +30,7 @@ DOCUMENTS: dict[str, type[BaseModel]] = {
     "job": JobPublic,
     "job-summary": JobSummary,
     "environment": EnvironmentList,
+    "checkpoint-source": CheckpointSource,
 }
 JSON_DIR = Path(__file__).parent / "json"
 

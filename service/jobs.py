@@ -85,7 +85,9 @@ def parse_job(form: UploadedForm) -> JobSpec:
     """
     model = form.files.get("model")
     if model is None:
-        raise InvalidRequest("the `model` file is required", details={"field": "model"})
+        raise InvalidRequest(
+            "the `model` file (or a `model_url`) is required", details={"field": "model"}
+        )
     options: object = {}
     if form.options is not None and form.options.strip():
         try:

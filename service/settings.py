@@ -15,6 +15,7 @@ from pydantic_settings import NoDecode
 
 from persistence.settings import CommonSettings
 from schemas.limits import CALLBACK_URL_MAX_LENGTH, MAX_TIMEOUT_S
+from schemas.source import URL_MAX_LENGTH
 from service.archives import MAX_ZIP_DIRECTORY_BYTES
 
 
@@ -201,6 +202,7 @@ class ServiceSettings(CommonSettings):
             "calibration": self.max_calibration_bytes,
             "options": self.max_options_bytes,
             "callback_url": 4 * CALLBACK_URL_MAX_LENGTH,
+            "model_url": 4 * URL_MAX_LENGTH,
         }
 
     @property

@@ -73,11 +73,14 @@ def validate_uploads(
             (`details.limit` = `model`).
     """
     model = form.files["model"]
-    _check_suffix(form, "model", MODEL_SUFFIXES)
+    if form.source is None:
+        _check_suffix(form, "model", MODEL_SUFFIXES)
     _check_suffix(form, "inputs", INPUTS_SUFFIXES)
     _check_suffix(form, "weights", WEIGHTS_SUFFIXES)
     _check_suffix(form, "calibration", CALIBRATION_SUFFIXES)
     _check_calibration_scheme(form, options)
+    if form.source is not None:  # a reference's manifest, made by the API (`references`)
+        return None
     if model.size == 0:
         raise InvalidRequest("the `model` file is empty", details={"field": "model"})
     if model.filename.lower().endswith(".py"):

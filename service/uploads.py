@@ -12,19 +12,76 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 from schemas.job import UPLOAD_ROLES
+from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
+from schemas.source import URL_MAX_LENGTH, CheckpointSource
 from service.errors import InvalidRequest, UploadTooLarge
 
 FILE_FIELDS = UPLOAD_ROLES
-TEXT_FIELDS = ("options", "callback_url")
+TEXT_FIELDS = ("options", "callback_url", "model_url")
 MULTIPART_OVERHEAD = 64 * 1024
 """Bytes of boundaries and part headers allowed on top of the field limits."""
+
+UPLOAD_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "oneOf": [{"required": ["model"]}, {"required": ["model_url"]}],
+                "properties": {
+                    "model": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "A .py file, a .zip of a package, or a .zip of a "
+                        "save_pretrained checkpoint (config.json and its weights).",
+                    },
+                    "inputs": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Example inputs: .safetensors, .pt or .json.",
+                    },
+                    "weights": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "A state dict (or a training checkpoint holding one): "
+                        ".safetensors, .pt or .pth.",
+                    },
+                    "calibration": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Calibration inputs for quantize.scheme int8: a list "
+                        "of example inputs as .safetensors, .pt or .json.",
+                    },
+                    "options": {
+                        "type": "string",
+                        "description": "ExportOptions as a JSON string (see options.schema.json).",
+                    },
+                    "model_url": {
+                        "type": "string",
+                        "maxLength": URL_MAX_LENGTH,
+                        "description": "Instead of `model`: an s3:// prefix holding a "
+                        "save_pretrained checkpoint, under one the deployment allow-lists; "
+                        "read by the worker, never through the API.",
+                    },
+                    "callback_url": {
+                        "type": "string",
+                        "maxLength": CALLBACK_URL_MAX_LENGTH,
+                        "pattern": CALLBACK_URL_PATTERN,
+                        "description": "POSTed the job body, signed, when the job ends.",
+                    },
+                },
+            }
+        }
+    },
+}
+"""The OpenAPI description of `POST /v1/exports`'s form."""
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -47,6 +104,9 @@ class UploadedForm:
     files: dict[str, UploadedFile] = field(default_factory=dict)
     options: str | None = None
     callback_url: str | None = None
+    model_url: str | None = None
+    source: CheckpointSource | None = None
+    """The manifest of `model_url`'s checkpoint, once listed (`service.references`)."""
 
 
 def safe_filename(name: str, default: str) -> str:

@@ -409,10 +409,14 @@ class Client:
         calibration: str | os.PathLike[str] | None = None,
     ) -> Job:
         """Upload a model (and optional inputs, weights, options, the URL POSTed the job
-        when it ends, calibration inputs for `quantize.scheme: int8`); returns the job."""
-        files = {}
+        when it ends, calibration inputs for `quantize.scheme: int8`); returns the job.
+        A `model` string starting `s3://` names a checkpoint by reference (`model_url`:
+        the server's workers read it from an allow-listed prefix)."""
+        files: dict[str, Any] = {}
+        if isinstance(model, str) and model.startswith("s3://"):
+            files["model_url"] = (None, model)
         uploads = (
-            ("model", model),
+            ("model", None if "model_url" in files else model),
             ("inputs", inputs),
             ("weights", weights),
             ("calibration", calibration),

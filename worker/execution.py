@@ -28,9 +28,11 @@ from persistence.lifecycle import ClaimedJob, StoredArtifact, claim, finish, hea
 from persistence.models import Job
 from persistence.notices import make_publisher, publish_after_commit
 from persistence.records import media_type_for
+from persistence.sources import SourceError
 from persistence.store import ArtifactStore, StoreError, open_store, sha256_file
 from schemas import ErrorBody, ReportDocument, UploadRef
 from schemas.outcomes import canceled
+from worker import references
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -189,12 +191,23 @@ class StoredUpload:
 
 def sandbox_job(context: WorkerContext, claimed: ClaimedJob, job_dir: Path) -> Any:
     """The sandbox's job for a claimed job: its typed options (never re-validated) and
-    its uploads as store blobs the sandbox fetches into the job's staging."""
+    its uploads as store blobs the sandbox fetches into the job's staging (a checkpoint
+    named by reference: its objects, read from S3 into a zip there)."""
     from worker.sandbox import SandboxJob
 
     uploads = claimed.spec.uploads
+    settings = context.settings
+    model: Any = StoredUpload(context.store, uploads.model)
+    if references.is_reference(uploads.model):
+        model = references.ReferencedCheckpoint(
+            context.store,
+            uploads.model,
+            settings.allowed_sources,
+            claimed.owner,
+            settings.s3_endpoint_url,
+        )
     return SandboxJob(
-        model=StoredUpload(context.store, uploads.model),
+        model=model,
         inputs=StoredUpload(context.store, uploads.inputs) if uploads.inputs else None,
         weights=StoredUpload(context.store, uploads.weights) if uploads.weights else None,
         options=claimed.spec.options,
@@ -303,6 +316,8 @@ def execute(context: WorkerContext, job_id: str) -> str | None:
             report: ReportDocument | None = result.report
         except STORE_ERRORS:
             raise  # the store (fetching an upload): the task retries
+        except SourceError as exc:  # a referenced checkpoint changed or cannot be read
+            error, artifacts, report = references.source_error(exc), {}, None
         except Exception as exc:
             logger.exception("the sandbox runner failed on job %s", job_id)
             error = ErrorBody(

@@ -26,8 +26,7 @@ from persistence.lifecycle import mark_unsent
 from persistence.queue import enqueue_export, enqueue_webhook, queue_for
 from schemas import JobList, JobPublic, JobSpec, JobStatus
 from schemas.job import TERMINAL_STATUSES
-from schemas.limits import CALLBACK_URL_MAX_LENGTH, CALLBACK_URL_PATTERN
-from service import archives, jobs, listing, upload_checks
+from service import archives, jobs, listing, references, upload_checks
 from service.deps import AppState, CallerDep, SessionDep, StateDep
 from service.errors import (
     Conflict,
@@ -41,7 +40,7 @@ from service.errors import (
     error_responses,
 )
 from service.streams import STREAM_TTL_S
-from service.uploads import receive_form, safe_filename
+from service.uploads import UPLOAD_BODY, receive_form, safe_filename
 
 logger = logging.getLogger(__name__)
 
@@ -57,54 +56,6 @@ of digits is refused by Python and slow)."""
 
 def _position(digits: str) -> int:
     return int(digits) if len(digits) <= 18 else _HUGE
-
-
-UPLOAD_BODY: dict[str, Any] = {
-    "required": True,
-    "content": {
-        "multipart/form-data": {
-            "schema": {
-                "type": "object",
-                "required": ["model"],
-                "properties": {
-                    "model": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "A .py file, a .zip of a package, or a .zip of a "
-                        "save_pretrained checkpoint (config.json and its weights).",
-                    },
-                    "inputs": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "Example inputs: .safetensors, .pt or .json.",
-                    },
-                    "weights": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "A state dict (or a training checkpoint holding one): "
-                        ".safetensors, .pt or .pth.",
-                    },
-                    "calibration": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "Calibration inputs for quantize.scheme int8: a list "
-                        "of example inputs as .safetensors, .pt or .json.",
-                    },
-                    "options": {
-                        "type": "string",
-                        "description": "ExportOptions as a JSON string (see options.schema.json).",
-                    },
-                    "callback_url": {
-                        "type": "string",
-                        "maxLength": CALLBACK_URL_MAX_LENGTH,
-                        "pattern": CALLBACK_URL_PATTERN,
-                        "description": "POSTed the job body, signed, when the job ends.",
-                    },
-                },
-            }
-        }
-    },
-}
 
 
 def _job_response(job: JobPublic, status_code: int) -> JSONResponse:
@@ -175,6 +126,8 @@ async def create_export(request: Request, state: StateDep, caller: CallerDep) ->
         form = await receive_form(
             request, settings.upload_limits, directory, model_zip_limit=settings.model_zip_limit
         )
+        if form.model_url is not None:  # lists the reference: off the event loop
+            await run_in_threadpool(references.resolve, form, settings, caller, directory)
         spec = jobs.parse_job(form)
         # Reads the files (a zip's directory): off the event loop.
         check = functools.partial(

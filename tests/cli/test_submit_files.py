@@ -154,3 +154,19 @@ def test_only_regular_files_are_sent_and_each_is_listed_first(
     for name, data in sent.items():
         [line] = [line for line in done.stderr.splitlines() if name in line]
         assert str(len(data)) in line
+
+
+def test_an_s3_model_is_sent_as_a_reference_and_refused_by_a_server_without_sources(
+    server: Server,
+) -> None:
+    done = torchport(server, "submit", "s3://models/team/bert", "--json")
+    assert done.returncode == 2, done.stderr
+    body = json.loads(done.stdout)
+    assert (body["code"], body["details"]["reason"], body["details"]["url"]) == (
+        "invalid_request",
+        "source_not_allowed",
+        "s3://models/team/bert/",
+    )
+    local = torchport(server, "export", "s3://models/team/bert", "--json")
+    assert local.returncode == 2
+    assert json.loads(local.stdout)["details"]["reason"] == "reference_needs_server"

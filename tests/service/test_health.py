@@ -46,7 +46,8 @@ def test_openapi_and_docs(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/exports/{job_id}/artifacts/{name}" in spec["paths"]
     body = spec["paths"]["/v1/exports"]["post"]["requestBody"]["content"]
-    assert body["multipart/form-data"]["schema"]["required"] == ["model"]
+    required = body["multipart/form-data"]["schema"]["oneOf"]
+    assert required == [{"required": ["model"]}, {"required": ["model_url"]}]
     assert client.get("/docs").status_code == 200
 
 

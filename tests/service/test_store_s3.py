@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from persistence.store import BlobNotFound, StoreError, open_store
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.s3_server import s3_endpoint
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        port = _free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-        server.start()
-        url = f"http://127.0.0.1:{port}"
-        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="art")
+    with s3_endpoint("art") as url:
         yield url
-        server.stop()
 
 
 def test_put_read_range_fetch_and_idempotence(endpoint: str, tmp_path: Path) -> None:

@@ -62,6 +62,16 @@ def run(args: argparse.Namespace) -> int:
     except _UsageError as exc:
         _print_error(exc.body, args.json, err)
         return EXIT_USAGE
+    if isinstance(args.model, str):  # an s3:// reference: only a server's workers read it
+        body = ErrorBody(
+            code="invalid_request",
+            message=f"{args.model} is read by a server's workers, not on this machine",
+            hint="Send it with `torchport submit`, or download the checkpoint and give its "
+            "directory.",
+            details={"argument": "MODEL", "reason": "reference_needs_server"},
+        )
+        _print_error(body, args.json, err)
+        return EXIT_USAGE
     with (
         _Exporter(args, options, err) as exporter,
         tempfile.TemporaryDirectory(prefix="torchport-checkpoints-") as zips,

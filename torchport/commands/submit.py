@@ -93,13 +93,20 @@ def run(args: argparse.Namespace) -> int:
     ):
         try:
             try:
-                model = upload_path(
-                    args.model,
-                    Path(zips),
-                    lambda text: console.print(markup(text, multiline=True)),
-                    adapter=args.adapter,
-                    sending=Sending(follow_links=args.follow_links),
-                )
+                model: Path | str = args.model
+                if isinstance(model, str) and args.adapter is not None:
+                    raise UnusableAdapter(
+                        "--adapter goes with a checkpoint directory; an s3:// checkpoint "
+                        "carries its adapter in a sub-folder"
+                    )
+                if isinstance(args.model, Path):
+                    model = upload_path(
+                        args.model,
+                        Path(zips),
+                        lambda text: console.print(markup(text, multiline=True)),
+                        adapter=args.adapter,
+                        sending=Sending(follow_links=args.follow_links),
+                    )
                 _tell_uploads(args, model, console)
             except (UnusableAdapter, RefusedFile, _MissingFile) as exc:
                 return _print_usage_error(_usage_error(exc, args), args.json, console)
@@ -135,8 +142,9 @@ class _MissingFile(ValueError):
         self.argument, self.path = argument, path
 
 
-def _tell_uploads(args: argparse.Namespace, model: Path, console: Console) -> None:
-    """Say on stderr each file about to be sent, with its size.
+def _tell_uploads(args: argparse.Namespace, model: Path | str, console: Console) -> None:
+    """Say on stderr each file about to be sent, with its size (and a checkpoint
+    reference, which the server's workers read).
 
     Raises:
         _MissingFile: one of them is no file.
@@ -149,6 +157,9 @@ def _tell_uploads(args: argparse.Namespace, model: Path, console: Console) -> No
     )
     for argument, path in uploads:
         if path is None:
+            continue
+        if isinstance(path, str):
+            console.print(markup(f"{argument}: the server's workers read {path}"))
             continue
         if not path.is_file():
             raise _MissingFile(argument, path)

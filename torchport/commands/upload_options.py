@@ -10,14 +10,21 @@ from engine.targets.registry import ORDER, TARGET_ARTIFACTS
 from torchport.tasks import contract_task
 
 
+def model_source(value: str) -> Path | str:
+    """MODEL as given: a path, or an `s3://` checkpoint reference kept as the string (a
+    `Path` would fold its `//`)."""
+    return value if value.startswith("s3://") else Path(value)
+
+
 def add_upload_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, its inputs, weights and calibration files, and the export options
     (docs/contract.md §8)."""
     parser.add_argument(
         "model",
-        type=Path,
+        type=model_source,
         help="the model source: a .py file or a .zip, or a save_pretrained directory "
-        "(zipped: config.json, generation_config.json and the weights)",
+        "(zipped: config.json, generation_config.json and the weights); for submit also "
+        "an s3:// prefix holding one, under a prefix the server allow-lists",
     )
     parser.add_argument(
         "--task",
