@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from persistence.store import CHUNK, StoreError
-from schemas.model_zip import CONFIG, member_parts
+from schemas.model_zip import CONFIG, aligned_member, member_parts
 from schemas.source import CheckpointSource, S3Prefix, SourceFile, parse_prefix, selected_files
 
 __all__ = ["SourceError", "client", "list_source", "read_source"]
@@ -183,8 +183,8 @@ def read_source(s3: Any, source: CheckpointSource, archive: Path) -> int:
             answer = _call(prefix.url, s3.get_object, Bucket=prefix.bucket, Key=key, **condition)
             body = answer["Body"]
             written = 0
-            info = zipfile.ZipInfo(item.path, date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w", force_zip64=item.size > 2**31) as member:
+            info = aligned_member(item.path, zf.fp.tell() if zf.fp else 0)
+            with zf.open(info, "w", force_zip64=True) as member:
                 while chunk := body.read(CHUNK):
                     written += len(chunk)
                     if written > item.size:

@@ -14,6 +14,7 @@ adapter alone (`adapter_config.json`, no `config.json`) lacks the base model.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterable
 
 CONFIG = "config.json"
@@ -25,10 +26,12 @@ IGNORED_TOP_FOLDERS = frozenset({"__MACOSX"})
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
+    "ALIGNMENT",
     "CONFIG",
     "IGNORED_TOP_FOLDERS",
     "adapter_folders",
     "adapter_only_base",
+    "aligned_member",
     "base_level",
     "checkpoint_base",
     "member_parts",
@@ -96,3 +99,24 @@ def adapter_only_base(files: list[str], entry: str | None) -> str | None:
     if f"{base}{ADAPTER_CONFIG}" in files and f"{base}{CONFIG}" not in files:
         return base
     return None
+
+
+ALIGNMENT = 64
+"""Where the data of a member torchport writes starts: a multiple of this, so the engine
+maps a checkpoint's safetensors from the zip in place (`engine/load/checkpoint/in_archive`)."""
+_PADDING_FIELD = 0xD935
+"""The extra field zipalign pads with."""
+
+
+def aligned_member(name: str, offset: int) -> zipfile.ZipInfo:
+    """The `ZipInfo` of a stored member whose local header goes at `offset`, padded so its
+    data starts at a multiple of `ALIGNMENT` when written with
+    `ZipFile.open(info, "w", force_zip64=True)` (whose header carries 20 bytes of zip64
+    sizes after this extra field)."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    fixed = 30 + len(name.encode("utf-8")) + 4 + 20
+    padding = -(offset + fixed) % ALIGNMENT
+    info.extra = _PADDING_FIELD.to_bytes(2, "little") + padding.to_bytes(2, "little")
+    info.extra += bytes(padding)
+    return info

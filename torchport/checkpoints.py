@@ -27,6 +27,7 @@ skips anything that is no regular file.
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import zipfile
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.model_zip import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG
+from schemas.model_zip import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, aligned_member
 from torchport.job_view import human_size
 
 __all__ = [
@@ -216,10 +217,13 @@ def zip_checkpoint(
 def _write_zip(
     archive: Path, members: list[tuple[Path, str]]
 ) -> tuple[Path, list[tuple[str, int]]]:
-    # Weights are compressed poorly and read whole by the engine: store them.
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
+    # Weights compress poorly: stored, each member's data 64-byte aligned, the engine maps
+    # the safetensors where they lie in the zip instead of unpacking them.
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for path, member in members:
-            zf.write(path, member)
+            info = aligned_member(member, zf.fp.tell() if zf.fp else 0)
+            with path.open("rb") as src, zf.open(info, "w", force_zip64=True) as out:
+                shutil.copyfileobj(src, out, 1024 * 1024)
         sizes = [(info.filename, info.file_size) for info in zf.infolist()]
     return archive, sizes
 

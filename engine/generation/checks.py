@@ -47,8 +47,9 @@ model names them."""
 CONSTANT_MIN_TOKENS = 4
 """Reference sequences shorter than this are not judged by `nearly_constant`."""
 
-Generate = Callable[[Prompt], list[int]]
-"""One run of a check: greedy tokens of the artifact from a prompt, started at position 0."""
+Generate = Callable[[Prompt, list[int]], list[int]]
+"""One run of a check: greedy tokens of the artifact from a prompt, started at position 0,
+up to the first that differs from eager's (the second argument)."""
 FlatRunner = Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]]
 
 
@@ -89,12 +90,12 @@ def program_report(
             assert encoder.program is not None, "the encoder program is made first"
             program = encoder.program.module()
 
-        def generate(prompt: Prompt) -> list[int]:
+        def generate(prompt: Prompt, expected: list[int]) -> list[int]:
             hidden = None
             if program is not None:
                 hidden = _encoded(lambda source: program(**source), prompt)
             step = _step(lambda kwargs: [module(**kwargs)], hidden)
-            return cached_tokens(step, prompt.ids, generation.max_new_tokens)
+            return cached_tokens(step, prompt.ids, generation.max_new_tokens, expected)
 
         result = checked(generation, generate)
     return GenerationReport(
@@ -117,12 +118,12 @@ def runner_check(
     if generation.encoder is not None:
         assert encoder_flat is not None, "an encoder-decoder artifact needs its encoder"
 
-    def generate(prompt: Prompt) -> list[int]:
+    def generate(prompt: Prompt, expected: list[int]) -> list[int]:
         hidden = None
         if encoder_flat is not None:
             hidden = _encoded(lambda source: encoder_flat((), source)[-1], prompt)
         step = _step(lambda kwargs: flat((), kwargs), hidden)
-        return cached_tokens(step, prompt.ids, generation.max_new_tokens)
+        return cached_tokens(step, prompt.ids, generation.max_new_tokens, expected)
 
     return checked(generation, generate)
 
@@ -137,7 +138,9 @@ def onnx_check(
     out), every prompt on the same ONNX Runtime session."""
     return checked(
         generation,
-        lambda prompt: past_tokens(flat, made, generation, encoder_flat, prompt),
+        lambda prompt, expected: past_tokens(
+            flat, made, generation, encoder_flat, prompt, expected
+        ),
     )
 
 
@@ -186,10 +189,10 @@ def checked(generation: Generation, generate: Generate) -> GenerationCheck:
     first, *others = generation.prompts()
     references = [reference(generation, prompt) for prompt in (first, *others)]
     started = time.perf_counter()
-    result = check(references[0], lambda: generate(first), first.ids.shape[1])
+    result = check(references[0], lambda: generate(first, references[0]), first.ids.shape[1])
     runs = []
     for prompt, expected in zip(others, references[1:], strict=True):
-        generated = generate(prompt)
+        generated = generate(prompt, expected)
         mismatch = first_difference(expected, generated)
         runs.append(
             GenerationRun(

@@ -1,7 +1,8 @@
 """Greedy decoding with eager transformers and with a cached program, and their comparison.
 
-Every loop generates exactly `max_new_tokens` (no stop at an end-of-sequence token), so
-the two token lists always have the same length.
+Every loop generates `max_new_tokens` (no stop at an end-of-sequence token); an
+artifact's run given eager's tokens stops at its first token that differs from them (the
+tokens after it would follow another prefix, and are never compared).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from schemas import GenerationCheck
 
-__all__ = ["Step", "cached_tokens", "check", "eager_tokens", "first_difference"]
+__all__ = ["Step", "cached_tokens", "check", "eager_tokens", "first_difference", "parted"]
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """One call of a static-cache program: (input_ids, cache_position) → logits."""
@@ -36,14 +37,24 @@ def eager_tokens(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: i
     return tokens
 
 
+def parted(tokens: list[int], expected: list[int] | None) -> bool:
+    """Whether the last of `tokens` differs from eager's token there (`expected`)."""
+    return expected is not None and tokens[-1] != expected[len(tokens) - 1]
+
+
 @torch.no_grad()
-def cached_tokens(step: Step, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+def cached_tokens(
+    step: Step, prompt: torch.Tensor, max_new_tokens: int, expected: list[int] | None = None
+) -> list[int]:
     """Greedy tokens of a static-cache program: the prompt in one prefill at positions
-    0…n-1, then one token per call at the next position."""
+    0…n-1, then one token per call at the next position; with `expected` (eager's), up to
+    the first that differs."""
     length = prompt.shape[1]
     token = _next(step(prompt, torch.arange(length)))
     tokens = [int(token)]
     for position in range(length, length + max_new_tokens - 1):
+        if parted(tokens, expected):
+            break
         token = _next(step(token, torch.tensor([position])))
         tokens.append(int(token))
     return tokens

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from engine.generation.greedy import parted
 from engine.generation.ready import Encoder, Generation, Prompt
 
 __all__ = [
@@ -352,12 +353,13 @@ def past_tokens(
     generation: Generation,
     encoder_flat: FlatRunner | None = None,
     prompt: Prompt | None = None,
+    expected: list[int] | None = None,
 ) -> list[int]:
     """Greedy tokens of the ONNX model from `prompt` (the example prompt when None): the
     prompt with an empty past, then one token at a time with the presents fed back as
     the past and the next `position_ids`. An encoder-decoder model's decoder starts from
     its start token, fed `encoder_flat`'s output on the prompt's encoder input (the ONNX
-    encoder's)."""
+    encoder's). With `expected` (eager's tokens), up to the first that differs."""
     if prompt is None:
         prompt = generation.prompts()[0]
     batch = prompt.ids.shape[0]
@@ -372,6 +374,8 @@ def past_tokens(
     ids = prompt.ids
     tokens: list[int] = []
     for _ in range(generation.max_new_tokens):
+        if tokens and parted(tokens, expected):
+            break
         if hidden is None:
             done = past[0][0].shape[2]
             mask = torch.ones(batch, done + ids.shape[1], dtype=torch.long)

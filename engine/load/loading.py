@@ -37,6 +37,7 @@ from engine.diagnostics.source_map import SourceMap
 from engine.environment import libraries as library_index
 from engine.errors import EnvironmentMismatch, InvalidRequest
 from engine.load import checkpoint
+from engine.load.checkpoint import in_archive
 from engine.load.eager import module_inputs, prepare, run_eager
 from engine.load.inputs import read_inputs
 from engine.load.model import LoadedModel, Upload
@@ -53,7 +54,7 @@ from schemas.limits import (
     ZIP_MAX_ENTRIES,
     ZIP_MAX_UNPACKED_BYTES,
 )
-from schemas.model_zip import checkpoint_base, unpacked_files
+from schemas.model_zip import ADAPTER_WEIGHTS, checkpoint_base, unpacked_files
 
 __all__ = [
     "MAX_CHECKPOINT_ZIP_BYTES",
@@ -277,7 +278,8 @@ def unpack_zip(
             if len(infos) > max_files:
                 raise _zip_refused("too_many_files", files=len(infos), max_files=max_files)
             names = unpacked_files(i.filename for i in infos)
-            limit = "checkpoint" if checkpoint_base(names, entry) is not None else "model"
+            base = checkpoint_base(names, entry)
+            limit = "checkpoint" if base is not None else "model"
             if max_bytes is None:
                 max_bytes = MAX_CHECKPOINT_ZIP_BYTES if limit == "checkpoint" else MAX_ZIP_BYTES
             declared = sum(i.file_size for i in infos)
@@ -296,6 +298,12 @@ def unpack_zip(
                     target.mkdir(parents=True, exist_ok=True)
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
+                kept = _kept(archive, info, parts, base)
+                if kept is not None and info.file_size <= max_bytes - written:
+                    in_archive.keep(target, kept)  # read in place: engine/load/checkpoint
+                    written += info.file_size
+                    files.append("/".join(parts))
+                    continue
                 copied = _copy_stored(archive, info, target, max_bytes - written)
                 if copied is not None:
                     written += copied
@@ -315,6 +323,19 @@ def unpack_zip(
     except (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, OSError, EOFError) as exc:
         raise _zip_refused("bad_zip", exception=type(exc).__name__) from exc
     return sorted(set(files))
+
+
+def _kept(
+    archive: Path, info: zipfile.ZipInfo, parts: list[str], base: str | None
+) -> in_archive.Kept | None:
+    """A checkpoint's base-level safetensors weights (not an adapter's) that can be read
+    where they lie in the zip (`in_archive.readable`); None for anything else."""
+    name = parts[-1]
+    if base is None or "/".join(parts) != base + name or not name.endswith(".safetensors"):
+        return None
+    if name == ADAPTER_WEIGHTS:
+        return None
+    return in_archive.readable(archive, info)
 
 
 def _copy_stored(archive: Path, info: zipfile.ZipInfo, target: Path, room: int) -> int | None:

@@ -211,8 +211,20 @@ def test_a_runtime_that_loses_the_cache_is_caught(tmp_path: Path) -> None:
             return [wrapper(**kwargs)]
 
     assert runner_check(faithful, generation).matched
-    lost = runner_check(forgetful, generation)
+    calls: list[int] = []
+
+    def counted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        calls.append(int(kwargs["cache_position"][0]))
+        return forgetful(args, kwargs)
+
+    lost = runner_check(counted, generation)
     assert not lost.matched and lost.first_mismatch is not None and lost.first_mismatch >= 1
+    # each run stops at its first differing token: the rest would never be compared
+    runs = [(lost.generated, lost.first_mismatch)]
+    runs += [(run.generated, run.first_mismatch) for run in lost.runs]
+    for generated, index in runs:
+        assert len(generated) == (8 if index is None else index + 1)
+    assert len(calls) == sum(len(generated) for generated, _ in runs)
 
 
 def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def test_the_check_passes_a_near_tie_and_reports_it() -> None:
         second=Prompt("second", torch.tensor([[2, 7, 1]])),
     )
 
-    def tied(run: Prompt) -> list[int]:
+    def tied(run: Prompt, _expected: list[int]) -> list[int]:
         tokens = checks.reference(generation, run)
         return [TIED, *tokens[1:]] if run.name == "example" else tokens
 
@@ -77,7 +77,7 @@ def test_the_check_passes_a_near_tie_and_reports_it() -> None:
     assert result.passed is True
     assert [run.within_noise for run in result.runs] == [None, True]
 
-    def wrong(run: Prompt) -> list[int]:
+    def wrong(run: Prompt, _expected: list[int]) -> list[int]:
         tokens = checks.reference(generation, run)
         return tokens if run.name == "example" else [(tokens[0] + 1) % 64, *tokens[1:]]
 
@@ -91,5 +91,7 @@ def test_a_float32_model_is_not_judged_by_noise() -> None:
     model, prompt, _ = _model()
     model = model.float()
     generation = Generation(model=model, prompt=prompt, max_new_tokens=4, max_cache_len=32)
-    result = checks.checked(generation, lambda run: [TIED, *checks.reference(generation, run)[1:]])
+    result = checks.checked(
+        generation, lambda run, _: [TIED, *checks.reference(generation, run)[1:]]
+    )
     assert result.within_noise is None and result.passed is False

@@ -32,6 +32,7 @@ from engine.generation import Generation, make_ready, make_seq2seq_ready
 from engine.load.checkpoint.adapters import find_adapter, merge_adapter
 from engine.load.checkpoint.detection import CONFIG
 from engine.load.checkpoint.example_inputs import max_sequence, task_inputs
+from engine.load.checkpoint.in_archive import Kept, archived, state_dict, unpack_all
 from engine.load.checkpoint.tasks import TaskChoice, choose_task, supported_tasks
 from engine.load.eager import prepare
 from engine.load.inputs import read_inputs
@@ -263,15 +264,22 @@ def _from_pretrained(
             stage=STAGE,
             details={"source": "checkpoint", "reason": "no_weights"},
         )
+    kept = archived(directory)
+    if kept and (remote or any(directory.glob("*.safetensors"))):
+        unpack_all(directory)  # remote code, or some weights unpacked: load them all as files
+        kept = {}
     try:
-        model, info = auto_class.from_pretrained(
-            str(directory),
-            config=config,
-            local_files_only=True,
-            use_safetensors=use_safetensors,
-            trust_remote_code=remote,
-            output_loading_info=True,
-        )
+        if kept:  # the weights mapped where they lie in the zip (`in_archive`)
+            model, info = _from_state_dict(auto_class, directory, config, kept)
+        else:
+            model, info = auto_class.from_pretrained(
+                str(directory),
+                config=config,
+                local_files_only=True,
+                use_safetensors=use_safetensors,
+                trust_remote_code=remote,
+                output_loading_info=True,
+            )
     except Exception as exc:
         text = source_text(exc, directory)
         if "size mismatch" in text or "mismatched" in text.lower():
@@ -290,6 +298,27 @@ def _from_pretrained(
             },
         ) from exc
     return model, dict(info)
+
+
+def _from_state_dict(
+    auto_class: Any, directory: Path, config: Any, kept: dict[str, Kept]
+) -> tuple[torch.nn.Module, Any]:
+    """`from_pretrained` from the weights kept in the zip, as from the directory: the
+    auto class's model class for the config, and the directory's generation config."""
+    model_class = auto_class._model_mapping[type(config)]
+    model, info = model_class.from_pretrained(
+        None,
+        config=config,
+        state_dict=state_dict(list(kept.values())),
+        output_loading_info=True,
+    )
+    if model.can_generate() and (directory / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(
+            str(directory), local_files_only=True
+        )
+    return model, info
 
 
 def source_text(exc: BaseException, directory: Path) -> str:
@@ -316,11 +345,14 @@ def _read_config(directory: Path) -> dict[str, Any]:
 
 
 def _weights_files(directory: Path) -> list[str]:
-    safetensors = sorted(p.name for p in directory.glob("*.safetensors"))
+    safetensors = sorted(
+        {p.name for p in directory.glob("*.safetensors")} | set(archived(directory))
+    )
     if safetensors:
         return safetensors
     return sorted(p.name for p in directory.glob("pytorch_model*.bin"))
 
 
 def _weights_format(directory: Path) -> str:
-    return "safetensors" if any(directory.glob("*.safetensors")) else "pytorch_bin"
+    kept = any(directory.glob("*.safetensors")) or archived(directory)
+    return "safetensors" if kept else "pytorch_bin"
