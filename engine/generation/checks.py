@@ -107,14 +107,18 @@ def program_report(
 
 
 def runner_check(
-    flat: FlatRunner, generation: Generation, encoder_flat: FlatRunner | None = None
+    flat: FlatRunner,
+    generation: Generation,
+    encoder_flat: FlatRunner | None = None,
+    *,
+    whole: bool = False,
 ) -> GenerationCheck:
     """A static-cache artifact's greedy generation, run through its runtime's runner
     (`engine.targets.FlatRunner`: its last output is the logits), every prompt on the
     same loaded artifact. The runtime keeps the cache between calls; a run starting again
     at position 0 must not see what earlier runs left in it. An encoder-decoder model's
     decoder artifact is fed `encoder_flat`'s output on each run's encoder input (the same
-    runtime's encoder)."""
+    runtime's encoder). A run stops at its first difference unless `whole`."""
     if generation.encoder is not None:
         assert encoder_flat is not None, "an encoder-decoder artifact needs its encoder"
 
@@ -123,7 +127,9 @@ def runner_check(
         if encoder_flat is not None:
             hidden = _encoded(lambda source: encoder_flat((), source)[-1], prompt)
         step = _step(lambda kwargs: flat((), kwargs), hidden)
-        return cached_tokens(step, prompt.ids, generation.max_new_tokens, expected)
+        return cached_tokens(
+            step, prompt.ids, generation.max_new_tokens, None if whole else expected
+        )
 
     return checked(generation, generate)
 
@@ -133,13 +139,16 @@ def onnx_check(
     made: PastProgram,
     generation: Generation,
     encoder_flat: FlatRunner | None = None,
+    *,
+    whole: bool = False,
 ) -> GenerationCheck:
     """The ONNX model's greedy generation (`onnx_past.past_tokens`: the cache goes in and
-    out), every prompt on the same ONNX Runtime session."""
+    out), every prompt on the same ONNX Runtime session; a run stops at its first
+    difference unless `whole`."""
     return checked(
         generation,
         lambda prompt, expected: past_tokens(
-            flat, made, generation, encoder_flat, prompt, expected
+            flat, made, generation, encoder_flat, prompt, None if whole else expected
         ),
     )
 

@@ -8,6 +8,12 @@ mapping of the file (the records are stored uncompressed, aligned to 64 bytes): 
 pages are the page cache's, read as the program runs, and nothing is copied. Everything
 else of the load is torch's own. Files under `MAPPED_FROM_BYTES` load as torch loads them.
 
+`run_releasing` runs such a program node by node and gives each parameter's pages back
+(`MADV_DONTNEED`) once the last node reading it (or a view of it) has run: the loader's
+memory then holds about one layer's weights at a time, not the whole program, beside the
+job that exported it (`bench/hf_checkpoints.py real-size`). A page read again later is
+read again from the page cache, with the same bytes.
+
 Torch only: the round trip's fresh process imports this.
 """
 
@@ -16,26 +22,82 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch.export.pt2_archive import _package
+from torch.fx import _pytree as fx_pytree
 
-__all__ = ["MAPPED_FROM_BYTES", "mapped_weights"]
+__all__ = ["MAPPED_FROM_BYTES", "Mapping", "mapped_weights", "run_releasing"]
 
 MAPPED_FROM_BYTES = 64 << 20
 """Programs at least this big have their weights mapped."""
 
 
+_VIEWS = frozenset(
+    {
+        "alias",
+        "as_strided",
+        "detach",
+        "expand",
+        "narrow",
+        "permute",
+        "reshape",
+        "select",
+        "slice",
+        "squeeze",
+        "t",
+        "transpose",
+        "unflatten",
+        "unsqueeze",
+        "view",
+        "_unsafe_view",
+    }
+)
+"""Ops whose result may share its first argument's storage."""
+
+
+class Mapping:
+    """The mapping a loaded program's weights are views of."""
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self.mapping = mapping
+        self.base: int | None = None
+        """The mapping's address (known from the first view made of it)."""
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s storage lies in the mapping."""
+        start = tensor.untyped_storage().data_ptr() - (self.base or 0)
+        return self.base is not None and 0 <= start < len(self.mapping)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Give back the whole pages of `tensor`'s storage (read again if used again)."""
+        if not self.holds(tensor):
+            return
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr() - (self.base or 0)
+        end = min(start + storage.nbytes(), len(self.mapping))
+        first, last = (
+            -(-start // mmap.PAGESIZE) * mmap.PAGESIZE,
+            end // mmap.PAGESIZE * mmap.PAGESIZE,
+        )
+        if last > first:
+            self.mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
 @contextlib.contextmanager
-def mapped_weights(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Within it, `torch.export.load(path)` maps the weights of the file at `path`."""
+def mapped_weights(path: str | os.PathLike[str]) -> Iterator[Mapping | None]:
+    """Within it, `torch.export.load(path)` maps the weights of the file at `path`; yields
+    the mapping (None for a file under `MAPPED_FROM_BYTES`)."""
     if os.path.getsize(path) < MAPPED_FROM_BYTES:
-        yield
+        yield None
         return
     with open(path, "rb") as handle:
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    held = Mapping(mapping)
     original = _package._build_file_map
 
     def build(archive_reader: Any, config: Any, base_dir: str) -> dict[str, torch.Tensor]:
@@ -54,6 +116,7 @@ def mapped_weights(path: str | os.PathLike[str]) -> Iterator[None]:
             if nbytes == 0 or device.type != "cpu" or nbytes % size or offset % size:
                 return original(archive_reader, config, base_dir)  # torch's own way
             flat = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
+            held.base = flat.data_ptr() - offset
             tensor = flat.view(dtype)
             if tensor_meta.requires_grad:
                 tensor.requires_grad_(True)
@@ -62,6 +125,52 @@ def mapped_weights(path: str | os.PathLike[str]) -> Iterator[None]:
 
     _package._build_file_map = build
     try:
-        yield
+        yield held
     finally:
         _package._build_file_map = original
+
+
+def run_releasing(
+    module: fx.GraphModule, mapping: Mapping, in_spec: Any, args: Any, kwargs: Any
+) -> Any:
+    """`module(*args, **kwargs)` (an unlifted program, `ep.module()`) run node by node,
+    each of its parameters' pages in `mapping` given back after the last node that reads
+    it or a view of it."""
+    graph = module.graph
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    owner: dict[fx.Node, fx.Node] = {}
+    last: dict[fx.Node, int] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = _attr(module, str(node.target))
+            if isinstance(value, torch.nn.Parameter) and mapping.holds(value):
+                owner[node], last[node] = node, position[node]
+        for source in node.all_input_nodes:
+            weight = owner.get(source)
+            if weight is None:
+                continue
+            last[weight] = max(last[weight], position[node])
+            packet = getattr(node.target, "__name__", "").split(".")[0]
+            if node.op == "call_function" and packet in _VIEWS and node.args[:1] == (source,):
+                owner[node] = weight
+    after: dict[int, list[torch.Tensor]] = defaultdict(list)
+    for weight, index in last.items():
+        after[index].append(_attr(module, str(weight.target)))
+
+    class Releasing(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            result = super().run_node(node)
+            for tensor in after.get(position[node], ()):
+                mapping.release(tensor)
+            return result
+
+    flat = fx_pytree.tree_flatten_spec((args, kwargs), in_spec)
+    output = Releasing(module).run(*flat, enable_io_processing=False)
+    return graph.process_outputs(output)
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value

@@ -31,7 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine.serialize import serde_hints
-from engine.serialize.mapped import mapped_weights
+from engine.serialize.mapped import Mapping, mapped_weights, run_releasing
 from engine.verify.flat import flatten_with_paths
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class LoadedProgram:
     in_spec: Any
     failure: str | None
     duration_s: float
+    mapping: Mapping | None = None
+    """The mapping a big program's weights are views of (`mapped.run_releasing`)."""
 
 
 def load_saved(pt2_path: str | os.PathLike[str]) -> LoadedProgram:
@@ -105,7 +107,7 @@ def load_saved(pt2_path: str | os.PathLike[str]) -> LoadedProgram:
     export_log = logging.getLogger("torch.export")
     export_log.addHandler(captured)
     try:
-        with mapped_weights(pt2_path):  # a big program's weights mapped, not read
+        with mapped_weights(pt2_path) as mapping:  # a big program's weights mapped, not read
             ep = torch.export.load(os.fspath(pt2_path))
     except Exception as exc:
         # torch.export.load logs the real cause and raises a generic RuntimeError.
@@ -119,7 +121,8 @@ def load_saved(pt2_path: str | os.PathLike[str]) -> LoadedProgram:
     except Exception as exc:
         failure = f"run failed: {_describe(exc)}"
         return LoadedProgram(None, None, failure, time.perf_counter() - started)
-    return LoadedProgram(module, ep.call_spec.in_spec, None, time.perf_counter() - started)
+    spent = time.perf_counter() - started
+    return LoadedProgram(module, ep.call_spec.in_spec, None, spent, mapping)
 
 
 def run_loaded(loaded: LoadedProgram, payload_path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -144,7 +147,11 @@ def run_loaded(loaded: LoadedProgram, payload_path: str | os.PathLike[str]) -> d
     try:
         args, kwargs = pytree.tree_unflatten(payload["inputs"], loaded.in_spec)
         with torch.no_grad():
-            actual = loaded.module(*args, **kwargs)
+            if loaded.mapping is not None and isinstance(loaded.module, torch.fx.GraphModule):
+                # one layer's weights resident at a time, beside the job that exported it
+                actual = run_releasing(loaded.module, loaded.mapping, loaded.in_spec, args, kwargs)
+            else:
+                actual = loaded.module(*args, **kwargs)
     except Exception as exc:
         return result("failed", reason=f"run failed: {_describe(exc)}")
 

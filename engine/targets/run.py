@@ -120,7 +120,13 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
                         details={"program": "encoder"},
                     )
             if options.verify.enabled and generation is not None:
-                generated = _generation_check(flat, generation, conversion.with_past, encoder_flat)
+                generated = _generation_check(
+                    flat,
+                    generation,
+                    conversion.with_past,
+                    encoder_flat,
+                    whole=quantizing is not None,
+                )
                 if quantizing is not None:
                     accuracy.record_tokens(quantizing.report, name, generated)
                 elif not generated.passed:
@@ -274,10 +280,14 @@ def _generation_check(
     generation: Generation,
     with_past: onnx_past.PastProgram | None,
     encoder_flat: FlatRunner | None,
+    *,
+    whole: bool,
 ) -> GenerationCheck:
+    """The artifact's generation check; `whole`: every run generates all its tokens (a
+    quantized artifact's drift is recorded, not stopped at its first difference)."""
     if with_past is None:
-        return runner_check(flat, generation, encoder_flat)
-    return onnx_check(flat, with_past, generation, encoder_flat)
+        return runner_check(flat, generation, encoder_flat, whole=whole)
+    return onnx_check(flat, with_past, generation, encoder_flat, whole=whole)
 
 
 def _files(name: str, path: Path) -> list[Path]:
