@@ -10,6 +10,7 @@ deployment's, and a key is the listed prefix plus a listed name.
 
 from __future__ import annotations
 
+import functools
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ class SourceError(Exception):
         self.details = {"reason": reason, **details}
 
 
+@functools.cache
 def client(endpoint_url: str | None) -> Any:
-    """An S3 client with the deployment's credentials (boto3's default chain)."""
+    """The process's S3 client for `endpoint_url`, with the deployment's credentials
+    (boto3's default chain); made once, shared by threads (boto3 clients are safe to)."""
     import boto3
     from botocore.config import Config
 

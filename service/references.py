@@ -7,10 +7,8 @@ Blocking (S3 calls): endpoints call `resolve` from a worker thread.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from pathlib import Path
-from typing import Any
 
 from persistence import sources
 from persistence.store import StoreError
@@ -22,11 +20,6 @@ from service.settings import ServiceSettings
 from service.uploads import UploadedFile, UploadedForm
 
 __all__ = ["resolve"]
-
-
-@functools.cache
-def _client(endpoint_url: str | None) -> Any:
-    return sources.client(endpoint_url)
 
 
 def resolve(form: UploadedForm, settings: ServiceSettings, caller: Caller, directory: Path) -> None:
@@ -66,7 +59,7 @@ def resolve(form: UploadedForm, settings: ServiceSettings, caller: Caller, direc
         )
     try:
         source = sources.list_source(
-            _client(settings.s3_endpoint_url),
+            sources.client(settings.s3_endpoint_url),
             prefix.url,
             max_files=ZIP_MAX_ENTRIES,
             max_bytes=settings.max_checkpoint_bytes,

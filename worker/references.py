@@ -6,11 +6,9 @@ worker reads only what the API listed, under a prefix its own allow-list admits.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -33,11 +31,6 @@ def is_reference(ref: UploadRef) -> bool:
     """Whether a job's model upload is a reference's manifest (made only by the API: a
     user's model upload is a `.py` or a `.zip`)."""
     return ref.name == SOURCE_MANIFEST
-
-
-@functools.cache
-def _client(endpoint_url: str | None) -> Any:
-    return sources.client(endpoint_url)
 
 
 @dataclass(frozen=True)
@@ -81,7 +74,7 @@ class ReferencedCheckpoint:
         return source
 
     def copy_to(self, target: Path) -> None:
-        sources.read_source(_client(self.endpoint_url), self.manifest(), target)
+        sources.read_source(sources.client(self.endpoint_url), self.manifest(), target)
 
 
 def _bad_manifest(why: str) -> sources.SourceError:

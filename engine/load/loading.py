@@ -21,7 +21,6 @@ and 6); this module places the source (1) and runs the stage.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import stat
@@ -87,8 +86,6 @@ MAX_CHECKPOINT_ZIP_BYTES = CHECKPOINT_ZIP_MAX_UNPACKED_BYTES
 _COPY_CHUNK = 1024 * 1024
 _KERNEL_COPY_MIN = 1024 * 1024
 """Stored members from this size on are copied by the kernel (`_copy_stored`)."""
-_LOCAL_HEADER = 30
-"""A zip member's local file header before its name and extra field."""
 
 
 def load(
@@ -347,29 +344,17 @@ def _copy_stored(archive: Path, info: zipfile.ZipInfo, target: Path, room: int) 
     where its local header says its data starts, and only when that lies inside the
     archive; over `room` bytes it is refused as `zipfile` would be."""
     size = info.file_size
-    if info.compress_type != zipfile.ZIP_STORED or size < _KERNEL_COPY_MIN:
-        return None
-    if info.compress_size != size or info.flag_bits & 0x1:  # encrypted: zipfile refuses it
+    if size < _KERNEL_COPY_MIN:
         return None
     with archive.open("rb") as src:
-        src.seek(info.header_offset)
-        header = src.read(_LOCAL_HEADER)
-        if len(header) != _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
-            return None
-        start = info.header_offset + _LOCAL_HEADER + int.from_bytes(header[26:28], "little")
-        start += int.from_bytes(header[28:30], "little")
-        if start + size > os.fstat(src.fileno()).st_size:
+        start = in_archive.stored_start(src, info)
+        if start is None:
             return None
         if size > room:
             return None  # zipfile's copy refuses it, with the count it reached
         try:
             with target.open("wb") as out:
-                left, offset = size, start
-                while left:
-                    done = os.copy_file_range(src.fileno(), out.fileno(), left, offset)
-                    if done <= 0:
-                        raise OSError("copy_file_range copied nothing")
-                    left, offset = left - done, offset + done
+                in_archive.copy_range(src.fileno(), out.fileno(), start, size)
         except OSError:
             target.unlink(missing_ok=True)
             return None

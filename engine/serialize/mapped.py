@@ -68,22 +68,25 @@ class Mapping:
         self.base: int | None = None
         """The mapping's address (known from the first view made of it)."""
 
+    def _offset(self, tensor: torch.Tensor) -> int | None:
+        """Where `tensor`'s storage starts in the mapping, or None when not in it."""
+        if self.base is None:
+            return None
+        start = tensor.untyped_storage().data_ptr() - self.base
+        return start if 0 <= start < len(self.mapping) else None
+
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s storage lies in the mapping."""
-        start = tensor.untyped_storage().data_ptr() - (self.base or 0)
-        return self.base is not None and 0 <= start < len(self.mapping)
+        return self._offset(tensor) is not None
 
     def release(self, tensor: torch.Tensor) -> None:
         """Give back the whole pages of `tensor`'s storage (read again if used again)."""
-        if not self.holds(tensor):
+        start = self._offset(tensor)
+        if start is None:
             return
-        storage = tensor.untyped_storage()
-        start = storage.data_ptr() - (self.base or 0)
-        end = min(start + storage.nbytes(), len(self.mapping))
-        first, last = (
-            -(-start // mmap.PAGESIZE) * mmap.PAGESIZE,
-            end // mmap.PAGESIZE * mmap.PAGESIZE,
-        )
+        end = min(start + tensor.untyped_storage().nbytes(), len(self.mapping))
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = end // mmap.PAGESIZE * mmap.PAGESIZE
         if last > first:
             self.mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
 
@@ -138,11 +141,20 @@ def run_releasing(
     it or a view of it."""
     graph = module.graph
     position = {node: index for index, node in enumerate(graph.nodes)}
+
+    class Releasing(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            result = super().run_node(node)
+            for tensor in after.get(position[node], ()):
+                mapping.release(tensor)
+            return result
+
+    interpreter = Releasing(module)
     owner: dict[fx.Node, fx.Node] = {}
     last: dict[fx.Node, int] = {}
     for node in graph.nodes:
         if node.op == "get_attr":
-            value = _attr(module, str(node.target))
+            value = interpreter.fetch_attr(str(node.target))
             if isinstance(value, torch.nn.Parameter) and mapping.holds(value):
                 owner[node], last[node] = node, position[node]
         for source in node.all_input_nodes:
@@ -155,22 +167,7 @@ def run_releasing(
                 owner[node] = weight
     after: dict[int, list[torch.Tensor]] = defaultdict(list)
     for weight, index in last.items():
-        after[index].append(_attr(module, str(weight.target)))
-
-    class Releasing(fx.Interpreter):
-        def run_node(self, node: fx.Node) -> Any:
-            result = super().run_node(node)
-            for tensor in after.get(position[node], ()):
-                mapping.release(tensor)
-            return result
-
+        after[index].append(interpreter.fetch_attr(str(weight.target)))
     flat = fx_pytree.tree_flatten_spec((args, kwargs), in_spec)
-    output = Releasing(module).run(*flat, enable_io_processing=False)
+    output = interpreter.run(*flat, enable_io_processing=False)
     return graph.process_outputs(output)
-
-
-def _attr(module: torch.nn.Module, target: str) -> Any:
-    value: Any = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value

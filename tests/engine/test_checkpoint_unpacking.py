@@ -11,6 +11,7 @@ import pytest
 
 import engine.load.loading
 from engine.errors import InvalidRequest
+from engine.load.checkpoint import in_archive
 from engine.load.loading import unpack_zip
 
 MiB = 1024 * 1024
@@ -105,13 +106,13 @@ def test_large_stored_members_are_copied_by_the_kernel(
         tmp_path / "c.zip", {"ckpt/config.json": b"{}", "ckpt/model.safetensors": weights}
     )
     calls: list[int] = []
-    real = engine.load.loading.os.copy_file_range
+    real = in_archive.os.copy_file_range
 
     def counted(*args: object) -> int:
         calls.append(1)
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine.load.loading.os, "copy_file_range", counted)
+    monkeypatch.setattr(in_archive.os, "copy_file_range", counted)
     assert unpack_zip(archive, tmp_path / "out") == ["ckpt/config.json", "ckpt/model.safetensors"]
     assert (tmp_path / "out" / "ckpt" / "model.safetensors").read_bytes() == weights
     assert (tmp_path / "out" / "ckpt" / "config.json").read_bytes() == b"{}"  # small: zipfile
@@ -129,7 +130,7 @@ def test_a_refused_kernel_copy_falls_back_to_zipfile(
     def refused(*_: object) -> int:
         raise PermissionError(1, "Operation not permitted")  # a seccomp that denies it
 
-    monkeypatch.setattr(engine.load.loading.os, "copy_file_range", refused)
+    monkeypatch.setattr(in_archive.os, "copy_file_range", refused)
     unpack_zip(archive, tmp_path / "out")
     assert (tmp_path / "out" / "ckpt" / "w.safetensors").read_bytes() == weights
 

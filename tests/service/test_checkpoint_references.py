@@ -74,7 +74,6 @@ class Recording:
 @pytest.fixture
 def api(endpoint: str, tmp_path: Path) -> Iterator[tuple[TestClient, AppState, Recording]]:
     recording = Recording(sources.client(endpoint))
-    references._client.cache_clear()
     settings = ServiceSettings(
         data_dir=tmp_path / "data",
         database_url=f"sqlite:///{tmp_path / 'data' / 'torchport.db'}",
@@ -86,7 +85,7 @@ def api(endpoint: str, tmp_path: Path) -> Iterator[tuple[TestClient, AppState, R
     )
     state = build_state(settings)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(references, "_client", lambda _endpoint: recording)
+        patch.setattr(references.sources, "client", lambda _endpoint: recording)
         with TestClient(create_app(state=state), client=LOOPBACK_CLIENT) as client:
             yield client, state, recording
     state.engine.dispose()

@@ -16,15 +16,25 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-__all__ = ["Kept", "archived", "keep", "readable", "state_dict", "unpack_all"]
+__all__ = [
+    "Kept",
+    "archived",
+    "copy_range",
+    "keep",
+    "readable",
+    "state_dict",
+    "stored_start",
+    "unpack_all",
+]
 
 _LOCAL_HEADER = 30
 _MAX_HEADER = 100 * 1024 * 1024
@@ -61,32 +71,58 @@ _KEPT: dict[Path, Kept] = {}
 """By the path the member would have been unpacked to (this process's jobs)."""
 
 
+def stored_start(src: BinaryIO, info: zipfile.ZipInfo) -> int | None:
+    """Where a stored (uncompressed, unencrypted) member's bytes start in the open archive
+    `src`, as its local header says, when they lie inside the archive; None otherwise."""
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        return None
+    if info.flag_bits & 0x1:  # encrypted: zipfile refuses it
+        return None
+    src.seek(info.header_offset)
+    local = src.read(_LOCAL_HEADER)
+    if len(local) != _LOCAL_HEADER or local[:4] != b"PK\x03\x04":
+        return None
+    names, extra = struct.unpack("<HH", local[26:30])
+    start = info.header_offset + _LOCAL_HEADER + names + extra
+    if start + info.file_size > os.fstat(src.fileno()).st_size:
+        return None
+    return start
+
+
+def copy_range(source: int, dest: int, offset: int, size: int) -> None:
+    """Copy `size` bytes from `offset` of the file `source` to `dest`, in the kernel
+    (`copy_file_range`).
+
+    Raises:
+        OSError: the kernel refused, or copied nothing.
+    """
+    while size:
+        done = os.copy_file_range(source, dest, size, offset)
+        if done <= 0:
+            raise OSError("copy_file_range copied nothing")
+        size, offset = size - done, offset + done
+
+
 def readable(archive: Path, info: zipfile.ZipInfo) -> Kept | None:
     """The member as a `Kept` when it can be read in place: stored, not encrypted, inside
     the archive, a safetensors header that parses, every tensor inside the member and
     aligned to its element size; None otherwise."""
     size = info.file_size
-    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != size:
-        return None
-    if info.flag_bits & 0x1 or size < 8:
+    if size < 8:
         return None
     try:
         with archive.open("rb") as src:
-            src.seek(info.header_offset)
-            local = src.read(_LOCAL_HEADER)
-            if len(local) != _LOCAL_HEADER or local[:4] != b"PK\x03\x04":
+            start = stored_start(src, info)
+            if start is None:
                 return None
-            names, extra = struct.unpack("<HH", local[26:30])
-            start = info.header_offset + _LOCAL_HEADER + names + extra
             src.seek(start)
             (length,) = struct.unpack("<Q", src.read(8))
             if length > min(_MAX_HEADER, size - 8):
                 return None
             header = json.loads(src.read(length))
-            total = src.seek(0, 2)
     except (OSError, ValueError, struct.error):
         return None
-    if start + size > total or not isinstance(header, dict):
+    if not isinstance(header, dict):
         return None
     data = start + 8 + length
     for name, meta in header.items():
@@ -131,20 +167,8 @@ def unpack_all(directory: Path) -> None:
     for name, kept in archived(directory).items():
         target = directory / name
         with kept.archive.open("rb") as src, target.open("wb") as out:
-            left, offset = kept.size, kept.start
-            while left:
-                done = _copy(src.fileno(), out.fileno(), left, offset)
-                left, offset = left - done, offset + done
+            copy_range(src.fileno(), out.fileno(), kept.start, kept.size)
         del _KEPT[target.resolve()]
-
-
-def _copy(source: int, dest: int, count: int, offset: int) -> int:
-    import os
-
-    done = os.copy_file_range(source, dest, count, offset)
-    if done <= 0:
-        raise OSError("copy_file_range copied nothing")
-    return done
 
 
 def state_dict(kept: list[Kept]) -> dict[str, torch.Tensor]:
