@@ -113,12 +113,14 @@ DEFAULT_MAX_CACHE_LEN = 1024
 class GenerationOptions(StrictModel):
     """A `text-generation` checkpoint exported ready to generate: with a KV cache."""
 
-    cache: bool = Field(
-        default=True,
+    cache: bool | None = Field(
+        default=None,
         description="Export with a static KV cache (program.pt2, aoti, executorch: one "
         "program for prefill and decode, the cache in mutable buffers; onnx: "
         "`past_key_values.{i}.key|value` inputs and `present.{i}.key|value` outputs); "
-        "false: the plain forward (logits of a whole sequence, no cache).",
+        "false: the plain forward (logits of a whole sequence, no cache); null: with the "
+        "cache where transformers can give the model one, else the plain forward with "
+        "warning `generation_not_ready`; true: the cache or `model_not_found`.",
     )
     max_cache_len: Annotated[int, Field(ge=32, le=MAX_CACHE_LEN)] | None = Field(
         default=None,

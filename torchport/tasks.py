@@ -4,8 +4,8 @@ optimum names the same tasks with synonyms (`causal-lm`, `seq2seq-lm`, `masked-l
 its `TasksManager._SYNONYM_TASK_MAP`) and with a `-with-past` suffix for a model that
 carries its KV cache in and out (`text-generation-with-past`). A checkpoint exported for
 `text-generation` or `text2text-generation` has its cache already (option
-`generation.cache`, on by default), so each of these names maps to the contract's task;
-anything else is a usage error that lists the valid names.
+`generation.cache`, on where transformers can give one), so each of these names maps to
+the contract's task; anything else is a usage error that lists the valid names.
 """
 
 from __future__ import annotations

@@ -393,7 +393,42 @@ def _finish_error(run: ExportRun, exc: ExportError) -> ErrorBody:
     body = exc.to_body()
     if isinstance(exc, InternalError):
         body.message = run.source_map.scrub(body.message)
+    checkpoint = run.sections.get("checkpoint")
+    own_dims = body.code == "dynamic_shape_violation" and run.request.options.dynamic_shapes
+    if (
+        body.code in CODE_FIXES
+        and checkpoint is not None
+        and not checkpoint.remote_code
+        and not own_dims
+    ):
+        body.hint = _library_code_hint(body.code)
+        body.details = {**(body.details or {}), "library_code": True}
     return body
+
+
+CODE_FIXES = frozenset(
+    {"data_dependent", "unsupported_python", "missing_fake_kernel", "dynamic_shape_violation"}
+)
+"""Codes whose hint tells the user to change their model's code or their dims."""
+
+
+def _library_code_hint(code: str) -> str:
+    """The hint of a `CODE_FIXES` failure of a checkpoint whose code is transformers'
+    own, which the user did not write and cannot change through the upload."""
+    what = {
+        "data_dependent": "branches or shapes on tensor values",
+        "unsupported_python": "Python that torch.export cannot trace",
+        "missing_fake_kernel": "an op without a shape function",
+        "dynamic_shape_violation": "code that fixes the sizes of dims",
+    }[code]
+    return (
+        f"This checkpoint's model code is transformers' own and has {what}: a limit of "
+        "torch.export on this architecture as transformers writes it, not something in "
+        "your checkpoint. Export it from model code instead (a .py that builds the model "
+        "from the checkpoint and patches or wraps the part named in the location), with "
+        "inputs and `dynamic_shapes` of your own; `report.draft_export` lists every issue "
+        "torch found."
+    )
 
 
 def warm_up(work_dir: Path) -> None:

@@ -22,11 +22,13 @@ from pydantic_core import PydanticSerializationError
 
 from engine.decompose import decomposition
 from engine.errors import (
+    EagerRunFailed,
     ExportError,
     SerializationFailed,
     VerificationFailed,
 )
 from engine.load import module_copies
+from engine.load.checkpoint.building import generated_inputs_failed
 from engine.load.eager import run_eager
 from engine.load.model import LoadedModel
 from engine.pipeline.run_state import ExportRun
@@ -207,9 +209,15 @@ def unknown_output(exc: ExportError) -> bool:
 def run_reference(loaded: LoadedModel) -> None:
     """The eager reference run, when load did not do it; raises `eager_run_failed`."""
     if loaded.eager_outputs is None:
-        loaded.eager_outputs, loaded.eager_buffers = run_eager(
-            loaded.module, loaded.args, loaded.kwargs, loaded.source_map
-        )
+        try:
+            loaded.eager_outputs, loaded.eager_buffers = run_eager(
+                loaded.module, loaded.args, loaded.kwargs, loaded.source_map
+            )
+        except EagerRunFailed as exc:
+            checkpoint = loaded.checkpoint
+            if checkpoint is not None and checkpoint.generated_inputs:
+                generated_inputs_failed(exc, checkpoint.task)
+            raise
 
 
 DRAFT_WORTHY = frozenset(

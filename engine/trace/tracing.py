@@ -11,6 +11,11 @@ torch; such examples are widened first (`dynamic_shapes.widen_size_one_dims`) an
 trace warns `specialization_avoided`. When every attempt on the widened example fails,
 the attempts are repeated on the user's own example.
 
+Dims torchport chose for a checkpoint (source `checkpoint`) that the model's code refuses
+(`dynamic_shape_violation` after the fixes) are its own fault, not the user's: the
+checkpoint is traced again with only `batch_size` dynamic, then with none, with warning
+`dims_made_static`, as a fix that pins a named dim to one size warns too.
+
 On failure `trace` raises the classified error of the last attempt (via
 `engine.diagnostics.classification.classify`, the one place that maps torch's exceptions) with the
 report of every attempt attached as its `tracing_report` attribute, so the pipeline
@@ -91,6 +96,24 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
         modes = [loaded.strict, not loaded.strict]
     else:
         modes = [True, False] if options.strict == "auto" else [bool(options.strict)]
+    try:
+        traced = _traced(loaded, options, spec, modes, state)
+    except ExportError as error:
+        if state.source != "checkpoint" or error.code != "dynamic_shape_violation":
+            error.tracing_report = state.report()  # type: ignore[attr-defined]
+            raise
+        traced = _static_fallback(loaded, options, dynamic_shapes, modes, state, error)
+    made_static = _made_static(state.fixes, state.source)
+    if made_static is not None:
+        traced.warnings.append(made_static)
+    return traced
+
+
+def _traced(
+    loaded: LoadedModel, options: ExportOptions, spec: Any, modes: list[bool], state: _State
+) -> Traced:
+    """Every attempt on `spec` (and the fixes torch suggests) until one succeeds; raises
+    the classified error of the last."""
     # An example of size 1 in a dim declared dynamic makes torch pin it to 1: trace on a
     # copy widened along it instead (verification still runs on the user's example).
     widened = widen_size_one_dims(loaded.module, loaded.args, loaded.kwargs, spec)
@@ -146,8 +169,92 @@ def trace(loaded: LoadedModel, options: ExportOptions, dynamic_shapes: Any, sour
                     warnings.append(_specialization_avoided(widened))
                 return Traced(ep=ep, report=state.report(), warnings=warnings, dynamic_shapes=spec)
     assert error is not None  # at least one attempt ran
+    raise error
+
+
+def _static_fallback(
+    loaded: LoadedModel,
+    options: ExportOptions,
+    requested: Any,
+    modes: list[bool],
+    state: _State,
+    error: ExportError,
+) -> Traced:
+    """The dims torchport chose for a checkpoint conflict with the model's code: trace
+    with only the batch dim dynamic, then with none, and warn `dims_made_static`;
+    raises the last error when none traces."""
+    for kept in (BATCH_DIMS, frozenset()):
+        narrowed, dropped = _narrowed(requested, kept)
+        if not dropped:
+            continue
+        try:
+            traced = _traced(loaded, options, _torch_spec(loaded, narrowed, state), modes, state)
+        except ExportError as failed:
+            error = failed
+            continue
+        state.requested = plain_json(requested)  # what torchport asked first
+        traced.report = state.report()
+        traced.warnings.append(
+            ReportWarning(
+                code="dims_made_static",
+                message=(
+                    f"The dims torchport chose for this checkpoint ({', '.join(dropped)}) "
+                    "conflict with the model's code, so the program takes only the "
+                    "example's sizes in them (static). Upload inputs with `dynamic_shapes` "
+                    "of your own for other sizes."
+                ),
+                details={"dims": dropped, "source": "checkpoint", "reason": error.code},
+            )
+        )
+        return traced
     error.tracing_report = state.report()  # type: ignore[attr-defined]
     raise error
+
+
+BATCH_DIMS = frozenset({"batch_size"})
+"""The dims a checkpoint's static fallback keeps first."""
+
+
+def _narrowed(spec: Any, kept: frozenset[str]) -> tuple[Any, list[str]]:
+    """The contract-JSON `spec` with only the dims named in `kept` (None when none is
+    left), and the names of the dims dropped, in order."""
+    dropped: list[str] = []
+
+    def narrow(value: Any) -> Any:
+        if isinstance(value, dict) and not _is_dim(value):
+            out = {key: narrow(item) for key, item in value.items()}
+            return {key: item for key, item in out.items() if item is not None} or None
+        if isinstance(value, list | tuple):
+            return [narrow(item) for item in value]
+        name = value if isinstance(value, str) else value.get("name") if _is_dim(value) else None
+        if name is None or name in kept:
+            return value
+        if name.isidentifier() and name not in dropped:  # not an expression of dims
+            dropped.append(name)
+        return None
+
+    narrowed = narrow(spec)
+    return narrowed, dropped
+
+
+def _is_dim(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("name"), str)
+
+
+def _made_static(fixes: list[DynamicShapeFix], source: Source) -> ReportWarning | None:
+    """Warning `dims_made_static` when torch's suggested fixes pinned a named dim to one
+    size."""
+    pinned = [fix.name for fix in fixes if fix.name and isinstance(fix.spec, int)]
+    if not pinned:
+        return None
+    return ReportWarning(
+        code="dims_made_static",
+        message=(
+            f"torch's suggested fixes made {', '.join(pinned)} static (one size): the "
+            "program takes no other size in " + ("it." if len(pinned) == 1 else "them.")
+        ),
+        details={"dims": pinned, "source": source, "reason": "suggested_fix"},
+    )
 
 
 def _specialization_avoided(widened: Widened) -> ReportWarning:

@@ -239,3 +239,24 @@ def test_a_checkpoint_without_weights_is_invalid_inputs(tmp_path: Path) -> None:
 def test_an_unknown_task_is_refused_by_the_options() -> None:
     with pytest.raises(ValueError):
         ExportOptions.model_validate({"task": "text-to-everything"})
+
+
+@pytest.mark.parametrize(
+    ("model_type", "architecture", "task"),
+    [
+        ("mvp", "MvpForConditionalGeneration", "text2text-generation"),  # in the MLM list too
+        ("bart", "BartForConditionalGeneration", "text2text-generation"),
+        ("voxtral", "VoxtralForConditionalGeneration", "automatic-speech-recognition"),
+        ("xlm", "XLMWithLMHeadModel", "text-generation"),  # no head in its name: the first
+        ("bert", "BertForMaskedLM", "fill-mask"),
+        ("llama", "LlamaForCausalLM", "text-generation"),
+        ("bert", "BertModel", "feature-extraction"),
+    ],
+)
+def test_the_task_inferred_is_the_one_the_class_name_says(
+    model_type: str, architecture: str, task: str
+) -> None:
+    from engine.load.checkpoint.tasks import choose_task
+
+    choice = choose_task(None, model_type, [architecture], {})
+    assert choice is not None and (choice.task, choice.source) == (task, "architectures")

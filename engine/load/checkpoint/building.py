@@ -22,6 +22,7 @@ import torch
 from engine.diagnostics.source_map import SourceMap
 from engine.environment import libraries as library_index
 from engine.errors import (
+    EagerRunFailed,
     InvalidInputs,
     InvalidRequest,
     ModelImportFailed,
@@ -37,7 +38,7 @@ from engine.load.checkpoint.tasks import TaskChoice, choose_task, supported_task
 from engine.load.eager import prepare
 from engine.load.inputs import read_inputs
 from engine.load.model import LoadedModel, Upload
-from schemas import AdapterReport, CheckpointReport, ExportOptions
+from schemas import AdapterReport, CheckpointReport, ExportOptions, ReportWarning
 
 __all__ = ["load_checkpoint"]
 
@@ -78,36 +79,54 @@ def load_checkpoint(
                     libraries[name] = str(version)
     generated = upload.inputs is None
     generation: Generation | None = None
+    not_ready: list[ReportWarning] = []
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    dynamic_shapes: dict[str, Any] | None = None
     if generated and _generation_ready(choice, options):
-        if choice.task == "text-generation":
-            model, generation, made_kwargs, dynamic_shapes = make_ready(
-                model, config, options.generation
-            )
+        try:
+            if choice.task == "text-generation":
+                ready = make_ready(model, config, options.generation)
+            else:
+                ready = make_seq2seq_ready(model, config, options.generation, max_sequence(config))
+        except ModelNotFound as exc:
+            # the task still exports, as its plain forward: unless the user asked for the
+            # cache by name, that program with a warning beats failing the job
+            if exc.details.get("reason") != "no_static_cache":
+                raise
+            if options.generation.cache:  # asked for by name
+                raise
+            config.use_cache = False  # the logits alone, no cache object to return
+            own = getattr(model, "config", None)  # transformers' may be another object
+            if own is not None:
+                own.use_cache = False
+            not_ready.append(_no_cache(config, exc))
         else:
-            model, generation, made_kwargs, dynamic_shapes = make_seq2seq_ready(
-                model, config, options.generation, max_sequence(config)
-            )
-        args: tuple[Any, ...] = ()
-        kwargs: dict[str, Any] = dict(made_kwargs)
-    elif upload.inputs is None:
+            model, generation, made_kwargs, dynamic_shapes = ready
+            kwargs = dict(made_kwargs)
+    if generation is None and upload.inputs is None:
         made = task_inputs(choice.task, model, config)
-        args = ()
         kwargs = dict(made.kwargs)
         dynamic_shapes = made.dynamic_shapes
-    else:
+    elif generation is None and upload.inputs is not None:
         args, kwargs = read_inputs(upload.inputs)
         dynamic_shapes = None
         if choice.loader.auto_class in SEQ2SEQ_CLASSES:
             config.use_cache = False  # the plain forward on the user's inputs, as before
-    prepared = prepare(
-        model,
-        args,
-        kwargs,
-        weights=upload.weights,
-        options=options,
-        source_map=source_map,
-        reference=reference,
-    )
+    try:
+        prepared = prepare(
+            model,
+            args,
+            kwargs,
+            weights=upload.weights,
+            options=options,
+            source_map=source_map,
+            reference=reference,
+        )
+    except EagerRunFailed as exc:
+        if generated:
+            generated_inputs_failed(exc, choice.task)
+        raise
     report = CheckpointReport(
         task=choice.task,
         task_source=choice.source,
@@ -134,7 +153,7 @@ def load_checkpoint(
         eager_buffers=prepared.buffers,
         device=options.device,
         weights=prepared.weights,
-        warnings=prepared.warnings,
+        warnings=[*not_ready, *prepared.warnings],
         checkpoint=report,
         generation=generation,
         strict=False if generation is not None else None,
@@ -145,10 +164,47 @@ SEQ2SEQ_CLASSES = frozenset({"AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq
 """Auto classes of encoder-decoder models, made generation-ready as two programs."""
 
 
+def generated_inputs_failed(exc: EagerRunFailed, task: str) -> None:
+    """`exc`, a failure of the eager run on the inputs torchport made for `task`, says so
+    (`details.inputs` `generated`) with a hint to upload inputs instead."""
+    if "reason" not in exc.details:  # not `weights_changed`: the inputs may be at fault
+        exc.hint = _GENERATED_INPUTS_HINT
+        exc.details = {**exc.details, "inputs": "generated", "task": task}
+
+
+_GENERATED_INPUTS_HINT = (
+    "The example inputs were torchport's, built from the checkpoint's config for its task "
+    "(`report.inputs` has their names and shapes), and the model refused them: upload "
+    "an inputs file of your own (`--inputs`: `.safetensors` with `kwargs.<name>` tensors, "
+    "`.pt` or a `.json` spec, contract section 3) with the shapes the model takes, or "
+    "name another `task`."
+)
+
+
+def _no_cache(config: Any, exc: ModelNotFound) -> ReportWarning:
+    """Warning `generation_not_ready`: the plain forward, since transformers cannot give
+    the model a static cache."""
+    return ReportWarning(
+        code="generation_not_ready",
+        message=(
+            f"transformers cannot give a {config.model_type} model a static KV cache "
+            "(hybrid, state-space and linear-attention models keep other state), so the "
+            "program is the model's plain forward: it computes the logits of a whole "
+            "sequence and carries no cache between steps. Set generation.cache to false "
+            "to ask for this program without the warning."
+        ),
+        details={
+            "reason": "no_static_cache",
+            "model_type": str(config.model_type),
+            "exception": exc.details.get("exception"),
+        },
+    )
+
+
 def _generation_ready(choice: TaskChoice, options: ExportOptions) -> bool:
     """Whether the task's model is exported with a KV cache: a decoder-only LM, or an
     encoder-decoder one (text2text, speech-to-text), unless `generation.cache` is off."""
-    if not options.generation.cache:
+    if options.generation.cache is False:
         return False
     return choice.task == "text-generation" or choice.loader.auto_class in SEQ2SEQ_CLASSES
 

@@ -2,8 +2,10 @@
 
 The task names and the inference from `config.architectures` follow optimum
 (`TasksManager.infer_task_from_model`): the architecture's class is looked up in the
-auto classes' model mappings of the config's `model_type`; the first task (in the
-order of `TASKS`) whose mapping names it wins. A checkpoint with its own code
+auto classes' model mappings of the config's `model_type`; of the tasks whose mappings
+name it, the one the class's name says wins (`…ForConditionalGeneration` is
+text2text-generation, or speech recognition, before fill-mask), else the first in the
+order of `TASKS`. A checkpoint with its own code
 (`auto_map`) supports the tasks whose auto class `auto_map` names. A PEFT adapter's
 `task_type` (`SEQ_CLS`, …) comes before the architectures: its head is the adapter's.
 """
@@ -124,11 +126,41 @@ def choose_task(
     if adapter_task is not None and adapter_task in available:
         return TaskChoice(adapter_task, "adapter", available[adapter_task])
     for architecture in architectures:
+        named: list[TaskChoice] = []
         for task, loader in available.items():
             if loader.auto_class in auto_map:
                 if str(auto_map[loader.auto_class]).rsplit(".", 1)[-1] == architecture:
-                    return TaskChoice(task, "auto_map", loader)
-                continue
-            if architecture in _names(_mapping(loader.mapping).get(model_type, ())):
-                return TaskChoice(task, "architectures", loader)
+                    named.append(TaskChoice(task, "auto_map", loader))
+            elif architecture in _names(_mapping(loader.mapping).get(model_type, ())):
+                named.append(TaskChoice(task, "architectures", loader))
+        if named:
+            return _as_named(architecture, named)
     return None
+
+
+_HEADS = {
+    "ForCausalLM": ("text-generation",),
+    "ForConditionalGeneration": ("automatic-speech-recognition", "text2text-generation"),
+    "ForMaskedLM": ("fill-mask",),
+    "ForSequenceClassification": ("text-classification",),
+    "ForTokenClassification": ("token-classification",),
+    "ForQuestionAnswering": ("question-answering",),
+    "ForImageClassification": ("image-classification",),
+    "ForObjectDetection": ("object-detection",),
+    "ForSemanticSegmentation": ("semantic-segmentation",),
+    "ForCTC": ("automatic-speech-recognition",),
+    "ForSpeechSeq2Seq": ("automatic-speech-recognition",),
+}
+"""A class name's ending → the tasks it names, preferred in this order."""
+
+
+def _as_named(architecture: str, named: list[TaskChoice]) -> TaskChoice:
+    """Of the tasks whose auto classes build `architecture`, the one its name says (an
+    `…ForConditionalGeneration` in the masked-LM list too is text2text), else the first."""
+    for ending, tasks in _HEADS.items():
+        if architecture.endswith(ending):
+            for task in tasks:
+                for choice in named:
+                    if choice.task == task:
+                        return choice
+    return named[0]
