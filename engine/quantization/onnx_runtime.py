@@ -61,6 +61,7 @@ def quantize(
                 float_path,
                 path,
                 per_channel=True,
+                reduce_range=True,  # 7-bit weights: no u8s8 saturation on AVX2 CPUs
                 weight_type=QuantType.QInt8,
                 use_external_data_format=external,
                 nodes_to_exclude=_batched_weight_matmuls(float_path),

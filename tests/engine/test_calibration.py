@@ -208,8 +208,9 @@ def _int8_onnx(tmp_path: Path, calibration_file: Path | None) -> Any:
 
 def test_int8_is_calibrated_on_the_uploaded_samples(tmp_path: Path) -> None:
     """Representative samples calibrate as well as the default ones; samples a hundred
-    times too small give activation ranges the real inputs overflow: the same scheme then
-    misses the budget, so the upload is what int8 was calibrated on."""
+    times too small give activation ranges the real inputs overflow: the full static int8
+    then misses the budget and a fallback is used, so the upload is what int8 was
+    calibrated on."""
     pytest.importorskip("onnxruntime")
     generator = torch.Generator().manual_seed(3)
     good = [((torch.randn(4, 3, 32, 32, generator=generator),), {}) for _ in range(6)]
@@ -229,11 +230,10 @@ def test_int8_is_calibrated_on_the_uploaded_samples(tmp_path: Path) -> None:
     bad_entry = too_small.quantization.targets["onnx"]
     assert good_entry.passed is True and good_entry.cosine is not None
     assert good_entry.cosine >= 0.99
-    assert bad_entry.passed is False and bad_entry.cosine is not None
-    assert bad_entry.cosine < good_entry.cosine
-    assert [w.code for w in too_small.warnings if w.code == "quantization_inaccurate"] == [
-        "quantization_inaccurate"
-    ]
+    assert "missed the budget" not in (good_entry.method or "")  # the full static int8
+    # calibrated on the tiny samples, the full static int8 misses the budget: what is left
+    # is a fallback (fewer ops, or dynamic quantization), and the method says so
+    assert "the full int8 missed the budget" in (bad_entry.method or "")
 
 
 def test_an_uploaded_sample_the_program_cannot_take_fails_the_job(tmp_path: Path) -> None:
