@@ -18,9 +18,10 @@ and the targets finished, instead of nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def convert_targets(
     options = run.request.options
     wanted = [name for name in targets.ORDER if name in options.targets]
     quantizing = quantizing_for(run, traced, pristine, loaded, dynamic_shapes)
-    with run.step("converting", ", ".join(wanted)):
+    with run.step("converting", ", ".join(wanted)), _released(quantizing):
         for index, name in enumerate(wanted):
             run.emit(index / len(wanted), f"{name}: converting and verifying")
             budget = time_budget.share(
@@ -128,6 +129,17 @@ def convert_targets(
         write_provisional(run, artifacts)  # nothing runs now: stopped at the stage's end
 
 
+@contextlib.contextmanager
+def _released(quantizing: Any) -> Iterator[None]:
+    """The quantized programs let go once every target is converted (a 3B model's hold
+    gigabytes the profiles and the report need not)."""
+    try:
+        yield
+    finally:
+        if quantizing is not None:
+            quantizing.release()
+
+
 def quantizing_for(
     run: ExportRun,
     traced: torch.export.ExportedProgram,
@@ -161,6 +173,7 @@ def quantizing_for(
         calibration=calibration,
         calibration_source=source,
         strict=bool(run.sections["tracing"].strict_used),
+        pending=set(options.targets),
     )
     run.sections["quantization"] = quantizing.report
     return quantizing

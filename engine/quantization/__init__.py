@@ -64,6 +64,8 @@ class Quantizing:
     fallbacks: dict[str, list[str]] = field(default_factory=dict)
     """By target: what static `int8` left float after the full quantization missed the
     budget on the calibration samples (`method` names it)."""
+    pending: set[str] = field(default_factory=set)
+    """The targets not converted yet (`converted` keeps the programs they need)."""
     _programs: dict[str, torch.export.ExportedProgram] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,10 +89,8 @@ class Quantizing:
         """The quantized program `target` converts (made on its first call, then shared),
         not decomposed: PT2E's for ExecuTorch's `int8` / `int8_dynamic`, else torchao's
         (AOTInductor's `int8_dynamic` too)."""
-        method = "pt2e" if self.scheme in PT2E_SCHEMES and target == "executorch" else "torchao"
-        float32 = method == "torchao" and target == "executorch" and reduced_model(self.pristine)
-        if float32:
-            method = "torchao-float32"
+        method = self._method(target)
+        float32 = method == "torchao-float32"
         if method not in self._programs:
             if method == "pt2e":
                 from engine.quantization import pt2e
@@ -119,6 +119,26 @@ class Quantizing:
                     float32=float32,
                 )
         return self._programs[method]
+
+    def _method(self, target: str) -> str:
+        """How `target`'s program is quantized: `pt2e`, `torchao` or `torchao-float32`."""
+        if self.scheme in PT2E_SCHEMES and target == "executorch":
+            return "pt2e"
+        if target == "executorch" and reduced_model(self.pristine):
+            return "torchao-float32"
+        return "torchao"
+
+    def converted(self, target: str) -> None:
+        """`target` is converted: let go of the programs no target still to come needs
+        (a 3B model's quantized program holds gigabytes while its artifact loads)."""
+        self.pending.discard(target)
+        needed = {self._method(each) for each in self.pending}
+        for method in [each for each in self._programs if each not in needed]:
+            del self._programs[method]
+
+    def release(self) -> None:
+        """Let go of the quantized programs (made again if asked for again)."""
+        self._programs.clear()
 
     def accepts_outputs(self, expected: Any, actual: Any) -> bool:
         """Whether outputs `actual` are within the budget against float's `expected`."""

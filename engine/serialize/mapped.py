@@ -31,6 +31,8 @@ import torch.fx as fx
 from torch.export.pt2_archive import _package
 from torch.fx import _pytree as fx_pytree
 
+from engine.load.pages import Mapping
+
 __all__ = ["MAPPED_FROM_BYTES", "Mapping", "mapped_weights", "run_releasing"]
 
 MAPPED_FROM_BYTES = 64 << 20
@@ -58,37 +60,6 @@ _VIEWS = frozenset(
     }
 )
 """Ops whose result may share its first argument's storage."""
-
-
-class Mapping:
-    """The mapping a loaded program's weights are views of."""
-
-    def __init__(self, mapping: mmap.mmap) -> None:
-        self.mapping = mapping
-        self.base: int | None = None
-        """The mapping's address (known from the first view made of it)."""
-
-    def _offset(self, tensor: torch.Tensor) -> int | None:
-        """Where `tensor`'s storage starts in the mapping, or None when not in it."""
-        if self.base is None:
-            return None
-        start = tensor.untyped_storage().data_ptr() - self.base
-        return start if 0 <= start < len(self.mapping) else None
-
-    def holds(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor`'s storage lies in the mapping."""
-        return self._offset(tensor) is not None
-
-    def release(self, tensor: torch.Tensor) -> None:
-        """Give back the whole pages of `tensor`'s storage (read again if used again)."""
-        start = self._offset(tensor)
-        if start is None:
-            return
-        end = min(start + tensor.untyped_storage().nbytes(), len(self.mapping))
-        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-        last = end // mmap.PAGESIZE * mmap.PAGESIZE
-        if last > first:
-            self.mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 @contextlib.contextmanager

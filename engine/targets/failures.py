@@ -53,6 +53,20 @@ def error(name: str, exc: BaseException) -> ErrorBody:
     """The `target_failed` body of target `name`'s failure `exc`."""
     if isinstance(exc, TargetError):
         message, hint, details = exc.message, exc.hint, dict(exc.details)
+    elif _out_of_memory(exc):
+        requested = _REQUESTED.search(str(exc))
+        message = f"{name}: the job ran out of memory converting, loading or verifying it"
+        if requested:
+            message += f" (an allocation of {int(requested.group(1)):,} bytes failed)"
+        hint = (
+            "The job's memory held the program but not this target as well: raise "
+            "`memory_mb` (unset, it is sized from the checkpoint or the default), "
+            "or leave this target out of `targets`. program.pt2 and the targets finished "
+            "before it are kept."
+        )
+        details = {"exception": type(exc).__name__, "reason": "out_of_memory"}
+        if requested:
+            details["requested_bytes"] = int(requested.group(1))
     else:
         lines = clean(str(exc)).strip().splitlines()
         message = f"{name}: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
@@ -61,6 +75,19 @@ def error(name: str, exc: BaseException) -> ErrorBody:
     details.update(failed_ops.named_op(exc))
     details["target"] = name
     return error_body("target_failed", message, hint=hint, stage="converting", details=details)
+
+
+_REQUESTED = re.compile(r"tried to allocate (\d+) bytes")
+"""torch's CPU allocator's message when an allocation fails."""
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed (the job's RLIMIT_DATA, or the host)."""
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError)
+        and "DefaultCPUAllocator:" in str(exc)
+        and _REQUESTED.search(str(exc)) is not None
+    )
 
 
 def crashed(name: str) -> ErrorBody:

@@ -8,6 +8,8 @@ over its time budget (`engine.targets.time_budget`); how a target fails is
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import importlib
 import time
 from pathlib import Path
@@ -97,6 +99,11 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
             )
             if quantizing is not None and hasattr(target, "quantize_artifact"):
                 target.quantize_artifact(path, job, conversion, facts)
+            if quantizing is not None:  # converted: let the quantized program go
+                quantizing.converted(name)
+                source = job.traced  # what `load` takes (and reads not)
+                conversion = dataclasses.replace(conversion, source=source)
+            gc.collect()  # a converter's graphs hold cycles: freed before the artifact loads
             told("loading")
             flat = target.load(path, source, **target.loading(settings, facts))
             told("verifying")
@@ -160,7 +167,7 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
             name,
             target,
             path,
-            source,
+            job.traced,  # no target's `load` reads it: the quantized program is let go
             target.loading(settings, facts),
             conversion.args,
             conversion.kwargs,

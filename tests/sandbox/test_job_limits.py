@@ -38,6 +38,15 @@ def test_a_cuda_job_gets_the_drivers_margin() -> None:
     assert limits["memory_mb"] == 2048 + 1000
 
 
+def test_the_mapped_model_upload_counts_in_rlimit_data_not_in_memory_mb() -> None:
+    settings = SandboxSettings(max_memory_mb=16384)
+    limits, _, memory_mb = job_limits(
+        ExportOptions(memory_mb=8192), settings, baseline_mb=100, mapped_bytes=(6 << 30) + 1
+    )
+    assert memory_mb == 8192  # the RSS watchdog's budget: the pages read count there
+    assert limits["memory_mb"] == 8192 + 100 + 6144 + 1  # the whole mapping, rounded up
+
+
 def test_a_job_without_memory_mb_is_sized_from_its_uploads() -> None:
     settings = SandboxSettings(max_memory_mb=16384, disk_mb=16384, max_disk_mb=32768)
     small, same = sized(ExportOptions(), 10 << 20, settings)

@@ -1,4 +1,5 @@
-"""A job the worker stopped for its time limit (results.finish with `timed_out`): what its
+"""A job the worker stopped for its time limit (results.finish with `timed_out`) or its memory
+limit, or whose process crashed, after it saved its program: what its
 provisional report lists is delivered, checked as untrusted data like `report.json`;
 without one, or with one the checks refuse, the job timed out with nothing."""
 
@@ -22,6 +23,7 @@ from worker.sandbox.host import results
 pytest.importorskip("onnxruntime", reason="the `targets` extra is not installed")
 
 TIMEOUT = error_body("timeout", timeout_s=60, details={"timeout_s": 60})
+OUT_OF_MEMORY = error_body("out_of_memory", memory_mb=1024, details={"memory_mb": 1024})
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def _finish(
         options=ExportOptions(),
         job_dir=tmp_path / "job",
     )
-    error = TIMEOUT if timed_out else error_body("out_of_memory", memory_mb=1024)
+    error = TIMEOUT if timed_out else OUT_OF_MEMORY
     if crashed:
         error = ErrorBody.model_validate(CRASH)
     return results.finish(
@@ -136,8 +138,28 @@ def test_a_provisional_report_the_checks_refuse_is_not_delivered(
     assert set(result.artifacts) == {"report.json"}
 
 
-def test_only_a_stop_by_the_time_limit_delivers_it(stopped: Path, tmp_path: Path) -> None:
+def test_a_job_stopped_at_its_memory_limit_keeps_its_program(stopped: Path, tmp_path: Path) -> None:
+    """Killed for memory while converting: the program and what finished are delivered,
+    the target in progress failed `out_of_memory` (its crash report, re-worded)."""
     produced = Path(shutil.copytree(stopped, tmp_path / "out"))
+    result = _finish(produced, tmp_path, timed_out=False)
+    assert result.error is None
+    report = result.report
+    assert set(result.artifacts) == {"program.pt2", "graph.json", "signature.json", "report.json"}
+    onnx = report.targets["onnx"]
+    assert onnx.status == "failed" and onnx.error is not None
+    assert onnx.error.details == {"target": "onnx", "reason": "out_of_memory", "memory_mb": 1024}
+    assert "memory_mb" in (onnx.error.hint or "")
+    warning = next(w for w in report.warnings if w.code == "target_failed")
+    assert warning.details["reason"] == "out_of_memory"
+    assert report.stages[-1].message == "stopped at the job's memory limit"
+
+
+def test_a_job_stopped_at_its_memory_limit_before_converting_fails(
+    stopped: Path, tmp_path: Path
+) -> None:
+    produced = Path(shutil.copytree(stopped, tmp_path / "out"))
+    (produced / CRASH_REPORT).unlink()
     result = _finish(produced, tmp_path, timed_out=False)
     assert result.error is not None and result.error.code == "out_of_memory"
     assert set(result.artifacts) == {"report.json"}

@@ -25,6 +25,8 @@ from typing import Any, BinaryIO
 
 import torch
 
+from engine.load import pages
+
 __all__ = [
     "Kept",
     "archived",
@@ -172,13 +174,17 @@ def unpack_all(directory: Path) -> None:
 
 
 def state_dict(kept: list[Kept]) -> dict[str, torch.Tensor]:
-    """The tensors of the kept members: views of one copy-on-write mapping per zip."""
+    """The tensors of the kept members: views of one copy-on-write mapping per zip, each
+    registered with `engine.load.pages` (a stage done with a weight may give its pages
+    back)."""
     maps: dict[Path, mmap.mmap] = {}
     tensors: dict[str, torch.Tensor] = {}
     for item in kept:
         if item.archive not in maps:
             with item.archive.open("rb") as handle:
                 maps[item.archive] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            start = torch.frombuffer(maps[item.archive], dtype=torch.uint8, count=1)
+            pages.register(pages.Mapping(maps[item.archive], base=start.data_ptr()))
         mapping = maps[item.archive]
         for name, meta in item.header.items():
             if name == "__metadata__":

@@ -72,12 +72,15 @@ def finish(
     infos: dict[str, ArtifactInfo] = {}
     accepted = watch.accepted if watch is not None else None
     crash = _crash(error)
+    memory = error is not None and error.code == "out_of_memory"
     provisional = None
-    if timed_out or crash is not None:
+    if timed_out or crash is not None or memory:
         which = PROVISIONAL_REPORT if timed_out else CRASH_REPORT
         provisional = _provisional(produced, settings, started, which)
         if provisional is not None and crash is not None:
             _signal_into(provisional.report, crash)
+        if provisional is not None and memory and error is not None:
+            _memory_into(provisional.report, error.details.get("memory_mb"))
     if provisional is not None:
         report, found, error = provisional.report, provisional.files, None
     elif accepted is not None and error is None:
@@ -149,6 +152,41 @@ def _signal_into(report: ReportDocument, signal_name: str) -> None:
             warning.code == "target_failed" and warning.details.get("reason") == "crashed"
         ):
             warning.details["signal"] = signal_name
+
+
+def _memory_into(report: ReportDocument, memory_mb: Any) -> None:
+    """A crash report made the report of a job stopped at its memory limit: the target in
+    progress failed `out_of_memory` (or, between targets, warning `out_of_memory`)."""
+    hint = (
+        "Raise `memory_mb` (unset, it is sized from the uploads or the default), or leave "
+        "this target out of `targets`. program.pt2 and the targets finished before it are "
+        "kept."
+    )
+    for name, target in report.targets.items():
+        body = target.error
+        if body is not None and body.details.get("reason") == "crashed":
+            body.message = (
+                f"{name}: the job reached its memory limit of {memory_mb} MB while this "
+                "target was converted, loaded or verified, and was stopped"
+            )
+            body.hint = hint
+            body.details = {"target": name, "reason": "out_of_memory", "memory_mb": memory_mb}
+            if report.error is not None and report.error.details.get("reason") == "crashed":
+                report.error = body  # `targets_required`
+            for warning in report.warnings:
+                if warning.code == "target_failed" and warning.details.get("target") == name:
+                    warning.message, warning.details = body.message, dict(body.details)
+    for warning in report.warnings:
+        if warning.code == "crashed":
+            stage = warning.details.get("stage")
+            warning.code = "out_of_memory"
+            warning.message = (
+                f"The job reached its memory limit of {memory_mb} MB in stage {stage} and "
+                "was stopped; what it finished before is kept."
+            )
+            warning.details = {"stage": stage, "memory_mb": memory_mb}
+    if report.stages and report.stages[-1].status == "failed":
+        report.stages[-1].message = "stopped at the job's memory limit"
 
 
 def _provisional(

@@ -344,7 +344,15 @@ class SandboxRunner:
         zygote_job = next(zygote.jobs)
         baseline_mb = int(zygote.info.get("data_mb", 0))
         gpu_job = self.is_gpu_job(options)
-        limits, timeout, memory_mb = supervisor.job_limits(options, settings, baseline_mb, gpu_job)
+        model = job.uploads().get("model")
+        staged_model = staging / "in" / model.name if model is not None else None
+        limits, timeout, memory_mb = supervisor.job_limits(
+            options,
+            settings,
+            baseline_mb,
+            gpu_job,
+            mapped_bytes=staged_model.stat().st_size if staged_model is not None else 0,
+        )
         if ids is not None:  # the job's own uid (Zygote.confinement takes it out again)
             limits["uid"], limits["gid"] = ids
         executables = converters.programs(options.targets)

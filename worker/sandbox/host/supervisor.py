@@ -83,11 +83,20 @@ def sized(
 
 
 def job_limits(
-    options: ExportOptions, settings: SandboxSettings, baseline_mb: int, gpu_job: bool = False
+    options: ExportOptions,
+    settings: SandboxSettings,
+    baseline_mb: int,
+    gpu_job: bool = False,
+    mapped_bytes: int = 0,
 ) -> tuple[dict[str, Any], float, int]:
     """The job child's rlimits (sent to the zygote), its wall-clock timeout and its memory
     limit in MiB: the job's own, capped by the worker's (`max_timeout_s`, `max_memory_mb`);
-    the one place they are capped."""
+    the one place they are capped.
+
+    `mapped_bytes` (the model upload's size) is added to RLIMIT_DATA: the job maps a
+    checkpoint zip's weights copy-on-write (private and writable, so the kernel counts the
+    whole mapping there, touched or not), and what it reads of them is resident memory
+    the watchdog counts against `memory_mb` like any other."""
     timeout = job_timeout(options, settings)
     wanted = DEFAULT_MEMORY_MB if options.memory_mb is None else options.memory_mb
     memory = min(wanted, settings.max_memory_mb)
@@ -95,7 +104,7 @@ def job_limits(
     margin = settings.gpu_data_margin_mb if gpu_job else 0
     limits: dict[str, Any] = {
         # RLIMIT_DATA counts what the child inherited from the zygote, too.
-        "memory_mb": memory + baseline_mb + margin,
+        "memory_mb": memory + baseline_mb + margin + -(-mapped_bytes // (1 << 20)),
         "cpu_s": cpu,
         "fsize_mb": min(settings.fsize_mb, settings.disk_mb),
         "nofile": settings.nofile,
