@@ -177,7 +177,21 @@ def convert(
     lowered = edge.to_executorch()
     with path.open("wb") as handle:
         lowered.write_to_file(handle)
+    del edge, lowered
+    _forget_programs()
     return path
+
+
+def _forget_programs() -> None:
+    """Drop the caches that keep the lowered programs, and with them every weight of the
+    program converted, alive after the conversion: ExecuTorch's `is_same_node` (an
+    `lru_cache` of graph nodes) and FakeTensorMode's dispatch cache (keys that hold the
+    lowered backend modules). A 3.21B model's quantized weights stayed resident."""
+    from executorch.exir.backend import utils
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    utils.is_same_node.cache_clear()
+    FakeTensorMode.cache_clear()
 
 
 def load(

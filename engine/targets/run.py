@@ -8,6 +8,7 @@ over its time budget (`engine.targets.time_budget`); how a target fails is
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import importlib
@@ -103,7 +104,7 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
                 quantizing.converted(name)
                 source = job.traced  # what `load` takes (and reads not)
                 conversion = dataclasses.replace(conversion, source=source)
-            gc.collect()  # a converter's graphs hold cycles: freed before the artifact loads
+            _freed()  # what the converter held, given back before the artifact loads
             told("loading")
             flat = target.load(path, source, **target.loading(settings, facts))
             told("verifying")
@@ -187,6 +188,18 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
         notes=notes,
         details=facts,
     )
+
+
+def _freed() -> None:
+    """Free what only cycles still hold (a converter's graphs), then give the C heap's free
+    memory back to the system: glibc keeps freed blocks under its mmap threshold (which
+    rises to 32 MB as bigger blocks are freed) resident until `malloc_trim`."""
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
 
 
 def skipped(reason: str) -> TargetResult:

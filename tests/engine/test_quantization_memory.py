@@ -105,3 +105,26 @@ def test_a_target_that_runs_out_of_memory_says_so_and_what_it_asked_for() -> Non
     assert "memory_mb" in (body.hint or "")
     other = failures.error("executorch", RuntimeError("Missing out variants: {'aten::foo'}"))
     assert "reason" not in other.details
+
+
+def test_a_converted_programs_weights_are_not_kept_alive_by_caches(tmp_path: Path) -> None:
+    """ExecuTorch's `is_same_node` cache and FakeTensorMode's dispatch cache held the
+    lowered programs, and every quantized weight with them, after the conversion."""
+    import gc
+
+    pytest.importorskip("executorch")
+    from engine.targets import executorch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 96)
+    program = quantize(model, (x,), {}, scheme="8da4w", group_size=32)
+    executorch.convert(program, (x,), {}, tmp_path / "model.pte")
+    del program
+    gc.collect()
+    alive = [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, torch.Tensor) and o.dtype == torch.int8 and o.shape == (160, 96)
+    ]
+    assert alive == []

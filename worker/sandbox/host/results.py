@@ -25,6 +25,7 @@ from schemas import (
     ErrorBody,
     ExportOptions,
     ReportDocument,
+    ReportWarning,
     SandboxReport,
 )
 from schemas.outcomes import canceled, error_body
@@ -176,15 +177,15 @@ def _memory_into(report: ReportDocument, memory_mb: Any) -> None:
             for warning in report.warnings:
                 if warning.code == "target_failed" and warning.details.get("target") == name:
                     warning.message, warning.details = body.message, dict(body.details)
-    for warning in report.warnings:
+    for index, warning in enumerate(report.warnings):
         if warning.code == "crashed":
             stage = warning.details.get("stage")
-            warning.code = "out_of_memory"
-            warning.message = (
-                f"The job reached its memory limit of {memory_mb} MB in stage {stage} and "
-                "was stopped; what it finished before is kept."
+            report.warnings[index] = ReportWarning(
+                code="out_of_memory",
+                message=f"The job reached its memory limit of {memory_mb} MB in stage "
+                f"{stage} and was stopped; what it finished before is kept.",
+                details={"stage": stage, "memory_mb": memory_mb},
             )
-            warning.details = {"stage": stage, "memory_mb": memory_mb}
     if report.stages and report.stages[-1].status == "failed":
         report.stages[-1].message = "stopped at the job's memory limit"
 
