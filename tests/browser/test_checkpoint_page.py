@@ -48,7 +48,7 @@ def test_a_llama_folder_shows_its_fields_and_its_result_says_what_it_did(
     assert job["status"] == "succeeded", job["error"]
     generation = job["options"]["generation"]
     assert (generation["cache"], generation["max_cache_len"], generation["max_new_tokens"]) == (
-        True,
+        None,  # the cache where transformers can give one: it could here (the report's)
         32,
         4,
     )
