@@ -77,10 +77,13 @@ def quantize(
 
     done: list[torch.Tensor] = []  # float weights already quantized (or widened)
 
-    def linear(layer: torch.nn.Module, _fqn: str) -> bool:
-        for weight in done:  # the last layer is quantized by now
+    def give_back() -> None:
+        for weight in done:
             pages.release(weight)
         done.clear()
+
+    def linear(layer: torch.nn.Module, _fqn: str) -> bool:
+        give_back()  # the last layer is quantized by now
         if not isinstance(layer, torch.nn.Linear):
             return False
         done.append(layer.weight)
@@ -97,8 +100,7 @@ def quantize(
         args, kwargs = pytree.tree_map(widened, (tuple(args), dict(kwargs)))
 
     quantize_(model, config, filter_fn=linear)
-    for weight in done:
-        pages.release(weight)
+    give_back()
     # torchao's quantized weights are tensor subclasses; as ExecuTorch's own export stages
     # do, they become parametrizations over plain tensors before export, or decomposing a
     # program that also mutates buffers (a static KV cache) fails in AOTAutograd.

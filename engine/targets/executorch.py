@@ -150,6 +150,20 @@ def convert(
             "executorch out of targets.",
             details={"unbounded": unbounded},
         )
+    try:
+        _lower(programs, path, facts, constant_methods)
+    finally:  # failed or not: the lowered programs are not kept
+        _forget_programs()
+    return path
+
+
+def _lower(
+    programs: dict[str, torch.export.ExportedProgram],
+    path: Path,
+    facts: dict[str, Any] | None,
+    constant_methods: dict[str, Any] | None,
+) -> None:
+    """`programs`, each a method, lowered with XNNPACK and written to `path`."""
     with _quiet_torchao():
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
             XnnpackPartitioner,
@@ -158,7 +172,7 @@ def convert(
         from executorch.version import __version__
 
     edge = to_edge_transform_and_lower(
-        programs if len(programs) > 1 else program,
+        programs if len(programs) > 1 else next(iter(programs.values())),
         partitioner=[XnnpackPartitioner()],
         constant_methods=constant_methods,
     )
@@ -177,9 +191,6 @@ def convert(
     lowered = edge.to_executorch()
     with path.open("wb") as handle:
         lowered.write_to_file(handle)
-    del edge, lowered
-    _forget_programs()
-    return path
 
 
 def _forget_programs() -> None:
