@@ -197,12 +197,16 @@ def _forget_programs() -> None:
     """Drop the caches that keep the lowered programs, and with them every weight of the
     program converted, alive after the conversion: ExecuTorch's `is_same_node` (an
     `lru_cache` of graph nodes) and FakeTensorMode's dispatch cache (keys that hold the
-    lowered backend modules). A 3.21B model's quantized weights stayed resident."""
+    lowered backend modules). A 3.21B model's quantized weights stayed resident. Torch's
+    proxy-tensor tracer also keeps the nodes of the last program it traced (for export's
+    fake-tensor leak check) until the next trace, and with them their graph's module."""
     from executorch.exir.backend import utils
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental import proxy_tensor
 
     utils.is_same_node.cache_clear()
     FakeTensorMode.cache_clear()
+    proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
 
 
 def load(

@@ -108,8 +108,9 @@ def test_a_target_that_runs_out_of_memory_says_so_and_what_it_asked_for() -> Non
 
 
 def test_a_converted_programs_weights_are_not_kept_alive_by_caches(tmp_path: Path) -> None:
-    """ExecuTorch's `is_same_node` cache and FakeTensorMode's dispatch cache held the
-    lowered programs, and every quantized weight with them, after the conversion."""
+    """ExecuTorch's `is_same_node` cache, FakeTensorMode's dispatch cache and torch's
+    proxy-tensor map of the last trace held the lowered programs, and every quantized
+    weight with them, after the conversion."""
     import gc
 
     pytest.importorskip("executorch")

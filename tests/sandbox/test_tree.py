@@ -34,6 +34,17 @@ def _hold(mb: int) -> bytearray:
     return held
 
 
+def _drop_inherited(keep: int) -> None:
+    """Close what the leader inherited from pytest but `keep`: pytest's capture files are
+    deleted files held open on fds 1 and 2, and a leader holding them would hold the test
+    session's captured output as 'its' deleted files."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
 def _family(group: Path | None, folder: Path) -> Iterator[tuple[int, list[int]]]:
     """A session leader (the 'job child') that forks CHILDREN children, each touching
     EACH_MB of private memory and holding a deleted file of EACH_MB open; yields the
@@ -43,6 +54,7 @@ def _family(group: Path | None, folder: Path) -> Iterator[tuple[int, list[int]]]
     if leader == 0:  # pragma: no cover - runs in the child
         try:
             os.setsid()
+            _drop_inherited(keep=ready_w)
             if group is not None:
                 cgroups.join(group)
             for index in range(CHILDREN):
