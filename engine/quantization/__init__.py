@@ -121,7 +121,10 @@ class Quantizing:
         return self._programs[method]
 
     def _method(self, target: str) -> str:
-        """How `target`'s program is quantized: `pt2e`, `torchao` or `torchao-float32`."""
+        """How `target`'s program is quantized: `pt2e`, `torchao` or `torchao-float32`
+        (`onnxruntime`: ONNX quantizes its artifact, not a program)."""
+        if target == "onnx":
+            return "onnxruntime"
         if self.scheme in PT2E_SCHEMES and target == "executorch":
             return "pt2e"
         if target == "executorch" and reduced_model(self.pristine):

@@ -1,7 +1,10 @@
-"""`int8` and `int8_dynamic` for the ONNX target: ONNX Runtime's own quantization tools on
-the float `model.onnx`, as optimum's ONNX Runtime quantizer does (`quantize_static` with a
-calibration reader writes QDQ pairs; `quantize_dynamic` int8 weights and activations
-quantized at run time). Weights per channel, symmetric."""
+"""`int8`, `int8_dynamic`, `int4_weight_only` and `8da4w` for the ONNX target: ONNX Runtime's
+own quantization tools on the float `model.onnx`, as optimum's ONNX Runtime quantizer and
+ONNX Runtime GenAI's model builder do (`quantize_static` with a calibration reader writes
+QDQ pairs; `quantize_dynamic` int8 weights and activations quantized at run time, weights
+per channel, symmetric; `MatMulNBitsQuantizer` 4-bit symmetric blocks of `group_size`
+weights in `MatMulNBits` nodes, computing in float32 or, for `8da4w`, in int8 with the
+activations quantized at run time)."""
 
 from __future__ import annotations
 
@@ -14,17 +17,22 @@ import torch.utils._pytree as pytree
 
 from engine.quantization.accuracy import CHECKED_SAMPLES
 
-__all__ = ["DYNAMIC", "ONLY_LINEAR", "quantize"]
+__all__ = ["ACCURACY_LEVELS", "DYNAMIC", "ONLY_LINEAR", "NothingQuantized", "quantize"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+ACCURACY_LEVELS = {"int4_weight_only": 1, "8da4w": 4}
+"""`MatMulNBits`' `accuracy_level` for each 4-bit scheme: 1 computes in float32, 4 in int8
+(the builder's `-p int4` on CPU)."""
 
 
 def quantize(
     path: Path,
     *,
-    dynamic: bool,
+    scheme: str,
     input_names: Sequence[str],
     calibration: Sequence[Inputs],
+    group_size: int = 32,
     accept: Callable[[Any, Any], bool] | None = None,
     fallbacks: list[str] | None = None,
 ) -> Path:
@@ -32,9 +40,10 @@ def quantize(
 
     Args:
         path: the float `model.onnx`.
-        dynamic: `int8_dynamic` rather than static `int8`.
+        scheme: `int8`, `int8_dynamic`, `int4_weight_only` or `8da4w`.
         input_names: the model's inputs, one per tensor leaf of the inputs.
         calibration: the inputs static `int8` is calibrated on.
+        group_size: the 4-bit schemes' block size (weights per scale).
         accept: for static `int8`, whether the quantized model's outputs (a list of
             arrays) are accurate enough against the float model's on a calibration
             input; when they are not on the first four, the model is quantized again
@@ -67,7 +76,10 @@ def quantize(
                 nodes_to_exclude=_batched_weight_matmuls(float_path),
             )
 
-        if dynamic:
+        if scheme in ACCURACY_LEVELS:
+            _blocks(float_path, path, group_size, ACCURACY_LEVELS[scheme], external)
+            return path
+        if scheme == "int8_dynamic":
             dynamic_model()
             return path
         feeds = [_feed(input_names, each) for each in calibration]
@@ -119,6 +131,70 @@ ONLY_LINEAR = "only Conv, MatMul by a constant and Gemm quantized"
 
 DYNAMIC = "quantize_dynamic (activations quantized at run time)"
 """The second fallback: `int8_dynamic`'s model."""
+
+
+class NothingQuantized(ValueError):
+    """A 4-bit scheme found no MatMul or Gemm by a constant 2-D weight to quantize."""
+
+
+def _blocks(source: Path, path: Path, block_size: int, accuracy_level: int, external: bool) -> None:
+    """`source`'s MatMuls by a constant 2-D weight (Gemms by one rewritten as such first)
+    as `MatMulNBits` (4-bit symmetric blocks of `block_size` along K), written to `path`;
+    raises `NothingQuantized` when there is none."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(source))  # its external weights too
+    _gemms_as_matmuls(model.graph)
+    if external:  # ONNX appends to an existing data file: start the quantized one afresh
+        path.with_name(path.name + ".data").unlink()
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=4,
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=accuracy_level,
+    )
+    quantizer.process()
+    if not any(node.op_type == "MatMulNBits" for node in quantizer.model.model.graph.node):
+        raise NothingQuantized()
+    quantizer.model.save_model_to_file(str(path), use_external_data_format=external)
+
+
+def _gemms_as_matmuls(graph: Any) -> None:
+    """Each `Gemm(A, B, C)` of `graph` by a constant 2-D B (alpha and beta 1, A not
+    transposed; the exporter's 2-D linears) as `MatMul(A, B')` and `Add(C)`, B' the
+    weight as MatMul takes it: `MatMulNBitsQuantizer` quantizes MatMuls only."""
+    from onnx import helper, numpy_helper
+
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    nodes = list(graph.node)
+    rewritten = []
+    for node in nodes:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weight = weights.get(node.input[1]) if node.op_type == "Gemm" else None
+        plain = attributes.get("alpha", 1.0) == 1.0 and attributes.get("beta", 1.0) == 1.0
+        if weight is None or not plain or attributes.get("transA", 0) or len(weight.dims) != 2:
+            rewritten.append(node)
+            continue
+        name = weight.name
+        if attributes.get("transB", 0):
+            name = f"{weight.name}_matmul"
+            if name not in weights:
+                weights[name] = numpy_helper.from_array(numpy_helper.to_array(weight).T, name)
+                graph.initializer.append(weights[name])
+        product = node.output[0] if len(node.input) < 3 else f"{node.output[0]}_matmul"
+        rewritten.append(
+            helper.make_node("MatMul", [node.input[0], name], [product], name=f"{node.name}_matmul")
+        )
+        if len(node.input) >= 3:
+            rewritten.append(
+                helper.make_node(
+                    "Add", [product, node.input[2]], [node.output[0]], name=f"{node.name}_add"
+                )
+            )
+    del graph.node[:]
+    graph.node.extend(rewritten)
 
 
 def _accurate(

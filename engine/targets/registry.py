@@ -81,6 +81,10 @@ TARGETS: dict[str, TargetSpec] = {
             schemes={
                 "int8": "onnxruntime quantize_static, QDQ, per-channel weights",
                 "int8_dynamic": "onnxruntime quantize_dynamic, per-channel weights",
+                "int4_weight_only": "onnxruntime MatMulNBitsQuantizer, 4-bit symmetric "
+                "blocks of group_size weights, float32 compute (accuracy_level 1)",
+                "8da4w": "onnxruntime MatMulNBitsQuantizer, 4-bit symmetric blocks of "
+                "group_size weights, int8 compute (accuracy_level 4)",
             },
         ),
         TargetSpec(

@@ -127,18 +127,29 @@ def quantize_artifact(
     """Quantize `model.onnx` in place with ONNX Runtime's quantizer (option `quantize`),
     calibrated on the job's calibration inputs (an LLM's: its example past)."""
     from engine.quantization import onnx_runtime
+    from engine.targets.failures import TargetError
 
     quantizing = job.quantizing
     assert quantizing is not None
     with_past = conversion.with_past
-    onnx_runtime.quantize(
-        path,
-        dynamic=quantizing.scheme == "int8_dynamic",
-        input_names=facts.get("inputs") or [],
-        calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
-        accept=quantizing.accepts_outputs,
-        fallbacks=quantizing.fallbacks.setdefault("onnx", []),
-    )
+    try:
+        onnx_runtime.quantize(
+            path,
+            scheme=quantizing.scheme,
+            group_size=quantizing.options.group_size,
+            input_names=facts.get("inputs") or [],
+            calibration=[((), with_past.kwargs)] if with_past else quantizing.calibration,
+            accept=quantizing.accepts_outputs,
+            fallbacks=quantizing.fallbacks.setdefault("onnx", []),
+        )
+    except onnx_runtime.NothingQuantized:
+        raise TargetError(
+            f"onnx: {quantizing.scheme} found nothing to quantize: the model has no MatMul "
+            "or Gemm by a constant 2-D weight",
+            hint="ONNX's 4-bit schemes quantize linears only; for convolutions choose "
+            "quantize.scheme int8 or int8_dynamic, or leave onnx out of targets.",
+            details={"reason": "nothing_quantized", "scheme": quantizing.scheme},
+        ) from None
 
 
 def loading(settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:

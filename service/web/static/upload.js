@@ -33,8 +33,8 @@ const QUANTIZE_SCHEMES = [
   ["int8", "int8: static int8, calibrated on the samples or your file (executorch, onnx)"],
   ["int8_dynamic", "int8_dynamic: int8 weights, activations at run time (executorch, onnx, aoti)"],
   ["int8_weight_only", "int8_weight_only: torchao, linears (executorch, aoti)"],
-  ["int4_weight_only", "int4_weight_only: torchao, linears (executorch, aoti)"],
-  ["8da4w", "8da4w: 8-bit activations, 4-bit weights, LLM linears (executorch, aoti)"],
+  ["int4_weight_only", "int4_weight_only: 4-bit weights, linears (executorch, aoti, onnx)"],
+  ["8da4w", "8da4w: 8-bit activations, 4-bit weights, LLM linears (executorch, aoti, onnx)"],
 ];
 
 const KINDS = {

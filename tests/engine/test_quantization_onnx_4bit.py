@@ -1,0 +1,133 @@
+"""ONNX's 4-bit schemes (`engine.quantization.onnx_runtime`): `int4_weight_only` and `8da4w`
+write `MatMulNBits` nodes by ONNX Runtime's `MatMulNBitsQuantizer` (4-bit symmetric blocks
+of `quantize.group_size`, computing in float32 or in int8), judged by the accuracy budget
+against float eager like every quantized artifact; an LLM's greedy tokens are compared.
+Pipeline runs with ONNX exports on 2 shared cores: `slow`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.pipeline.export import ExportResult
+from engine.quantization import METHODS, takes
+from tests.engine.model_files import export_file
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+pytestmark = pytest.mark.slow
+
+
+def _export(tmp_path: Path, model: str, **quantize: object) -> ExportResult:
+    """`model` exported to ONNX with option `quantize`, without profiles or round trip."""
+    return export_file(
+        tmp_path,
+        model,
+        {
+            "targets": ["onnx"],
+            "quantize": quantize,
+            "profile": {"enabled": False},
+            "verify": {"roundtrip": False},
+        },
+    )
+
+
+def _nbits(path: Path) -> list[dict[str, int]]:
+    """The attributes of each `MatMulNBits` node of the model at `path`."""
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    return [
+        {attribute.name: attribute.i for attribute in node.attribute}
+        for node in nodes
+        if node.op_type == "MatMulNBits"
+    ]
+
+
+def test_onnx_takes_both_4bit_schemes_and_says_how() -> None:
+    for scheme, level in (("int4_weight_only", "accuracy_level 1"), ("8da4w", "accuracy_level 4")):
+        assert takes("onnx", scheme)
+        assert "MatMulNBits" in METHODS[("onnx", scheme)] and level in METHODS[("onnx", scheme)]
+
+
+@pytest.mark.parametrize(("scheme", "level"), [("int4_weight_only", 1), ("8da4w", 4)])
+def test_an_encoders_linears_become_4bit_blocks_within_the_budget(
+    tmp_path: Path, scheme: str, level: int
+) -> None:
+    result = _export(tmp_path, "quant_bert.py", scheme=scheme, group_size=64, min_cosine=0.98)
+    report = result.report
+    assert report.status == "succeeded", report.error
+    target = report.targets["onnx"]
+    assert target.status == "succeeded", target.error
+    nbits = _nbits(result.artifacts["model.onnx"])
+    # Two layers of six linears each (query, key, value, output, intermediate, output).
+    assert len(nbits) == 12
+    assert all(n["bits"] == 4 and n["block_size"] == 64 for n in nbits)
+    assert {n["accuracy_level"] for n in nbits} == {level}
+    quantization = report.quantization
+    assert quantization is not None and quantization.group_size == 64
+    entry = quantization.targets["onnx"]
+    assert entry.method == METHODS[("onnx", scheme)]
+    assert entry.measured and entry.samples == 4
+    assert entry.cosine is not None and entry.cosine >= 0.98
+    assert entry.passed is True
+    assert target.verification is not None and target.verification.verdict == "verified"
+    # The linears' float32 weights (2 x 786,432 B) are now 4-bit with a scale per 64.
+    assert target.size is not None and target.size < 700_000
+
+
+def test_a_2d_linears_gemm_is_quantized_too(tmp_path: Path) -> None:
+    """The exporter writes a 2-D input's linear as `Gemm`, which ONNX Runtime's quantizer
+    leaves float: it becomes MatMul and Add by a transposed constant first."""
+    result = _export(tmp_path, "quant_mlp.py", scheme="int4_weight_only")
+    report = result.report
+    target = report.targets["onnx"]
+    assert target.status == "succeeded", target.error
+    graph = onnx.load(str(result.artifacts["model.onnx"]), load_external_data=False).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("MatMulNBits") == 2 and "Gemm" not in ops
+    assert {n["block_size"] for n in _nbits(result.artifacts["model.onnx"])} == {32}
+    # 2 x 131,072 float32 weights (1 MiB) now 4-bit, a float32 scale per 32.
+    assert target.size is not None and target.size < 200_000
+    assert report.quantization is not None
+    entry = report.quantization.targets["onnx"]
+    assert entry.passed is True and entry.cosine is not None and entry.cosine >= 0.99
+
+
+def test_a_model_without_linears_is_refused_not_left_float(tmp_path: Path) -> None:
+    result = _export(tmp_path, "docs_conv_batchnorm.py", scheme="8da4w")
+    report = result.report
+    assert report.status == "succeeded"  # program.pt2 is kept
+    error = report.targets["onnx"].error
+    assert error is not None and error.code == "target_failed"
+    assert error.details["reason"] == "nothing_quantized"
+    assert error.details["scheme"] == "8da4w"
+    assert "model.onnx" not in result.artifacts
+
+
+@pytest.mark.timeout(600)  # a generation-ready LLM's ONNX conversion on 2 shared cores
+def test_a_generation_ready_llamas_4bit_onnx_compares_greedy_tokens(tmp_path: Path) -> None:
+    from tests.engine.test_checkpoints import export, zip_directory
+    from tests.engine.test_generation import TEXT_GENERATION, llama
+    from tests.engine.test_quantization import assert_tokens_matched_from_the_first
+
+    archive = zip_directory(llama(tmp_path), tmp_path / "model.zip")
+    options = {
+        **TEXT_GENERATION,
+        "verify": {"roundtrip": False, "samples": 0},
+        "generation": {"max_new_tokens": 6},
+        "targets": ["onnx"],
+        "quantize": {"scheme": "int4_weight_only"},
+        "profile": {"enabled": False},
+    }
+    result = export(tmp_path, archive, options)
+    report = result.report
+    assert report.status == "succeeded", report.error
+    target = report.targets["onnx"]
+    assert target.status == "succeeded", target.error
+    assert len(_nbits(result.artifacts["model.onnx"])) > 0
+    assert report.generation is not None and report.generation.check is not None
+    assert report.quantization is not None
+    entry = report.quantization.targets["onnx"]
+    assert entry.measured is True and entry.generation is not None
+    assert_tokens_matched_from_the_first(entry, report.generation.check)
