@@ -337,6 +337,13 @@ class TargetResult(StrictModel):
         description="For a generation-ready export: the artifact's greedy generation against "
         "eager transformers.",
     )
+    runtime_generation: GenerationCheck | None = Field(
+        default=None,
+        description="The same check run by the runtime's own generation loop on the "
+        "artifact as delivered: for `onnx`, ONNX Runtime GenAI's `Generator` on the folder "
+        "(`genai_config.json` beside `model.onnx`) when the worker has onnxruntime-genai; "
+        "null otherwise.",
+    )
     error: ErrorBody | None = Field(
         default=None, description="`target_failed`, with `details.target`; null unless failed."
     )

@@ -69,7 +69,12 @@ TARGETS: dict[str, TargetSpec] = {
             name="onnx",
             module="engine.targets.onnx",
             artifact="model.onnx",
-            companions=("model.onnx.data", "encoder.onnx", "encoder.onnx.data"),
+            companions=(
+                "model.onnx.data",
+                "genai_config.json",
+                "encoder.onnx",
+                "encoder.onnx.data",
+            ),
             encoder="encoder.onnx",
             requires=("onnx", "onnxscript", "onnxruntime"),
             import_check="import onnx, onnxscript, onnxruntime",

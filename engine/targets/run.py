@@ -68,6 +68,7 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
     check: VerificationReport | None = None
     encoder_check: VerificationReport | None = None
     generated: GenerationCheck | None = None
+    in_runtime: GenerationCheck | None = None
     encoder = generation.encoder if generation is not None else None
     encoder_files: list[Path] = []
     started = time.perf_counter()
@@ -144,6 +145,11 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
                         hint=f"See targets.{name}.generation for both token lists.",
                         details={"reason": "generation_mismatch", **mismatch_details(generated)},
                     )
+                if hasattr(target, "runtime_generation"):
+                    del flat  # the runtime loads the artifact again: one copy at a time
+                    _freed()
+                    in_runtime = target.runtime_generation(path, generation, settings, notes)
+                    _refuse_runtime_mismatch(name, path, in_runtime, quantizing is None)
     except (Exception, time_budget.TargetTimeout) as exc:
         if duration is None:
             duration = time.perf_counter() - started
@@ -155,6 +161,7 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
             verification=check,
             encoder=encoder_check,
             generation=generated,
+            runtime_generation=in_runtime,
             notes=notes,
             details=facts,
             error=(
@@ -185,6 +192,7 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
         verification=check,
         encoder=encoder_check,
         generation=generated,
+        runtime_generation=in_runtime,
         notes=notes,
         details=facts,
     )
@@ -308,6 +316,21 @@ def _generation_check(
     if with_past is None:
         return runner_check(flat, generation, encoder_flat, whole=whole)
     return onnx_check(flat, with_past, generation, encoder_flat, whole=whole)
+
+
+def _refuse_runtime_mismatch(
+    name: str, path: Path, in_runtime: GenerationCheck | None, judged: bool
+) -> None:
+    """A float artifact that generates other tokens in its runtime's own generation loop
+    than eager fails; a quantized one's drift is recorded, as in its generation check."""
+    if in_runtime is None or not judged or in_runtime.passed:
+        return
+    raise TargetError(
+        f"{path.name} generates other tokens than eager transformers in its runtime's own "
+        "generation loop " + mismatch_text(in_runtime),
+        hint=f"See targets.{name}.runtime_generation for both token lists.",
+        details={"reason": "generation_mismatch", "runtime": True, **mismatch_details(in_runtime)},
+    )
 
 
 def _files(name: str, path: Path) -> list[Path]:

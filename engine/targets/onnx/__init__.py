@@ -33,6 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine.targets.interface import Conversion, TargetJob
+from engine.targets.onnx import genai as onnx_genai
 from engine.targets.onnx import names as onnx_names
 from engine.targets.onnx import native as onnx_native
 from engine.targets.onnx.metadata import strip_node_metadata
@@ -41,6 +42,7 @@ from schemas import ExportOptions, VerifyOptions
 
 if TYPE_CHECKING:
     from engine.generation import Encoder
+from engine.targets.onnx.genai import runtime_generation
 from engine.targets.onnx.native import EMPTY_REFUSED, NATIVE_OPS, RECURRENT_NODES, native_ops
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "prepare",
     "quantize_artifact",
     "runtime",
+    "runtime_generation",
     "tolerances",
 ]
 
@@ -118,6 +121,8 @@ def prepare(job: TargetJob) -> Conversion:
         output_names=with_past.output_names,
         dim_names=with_past.dim_names,
     )
+    if job.generation.encoder is None:  # a decoder-only LLM: ONNX Runtime GenAI runs it
+        settings["genai"] = onnx_genai.config(job.generation, with_past, spec("onnx").artifact)
     return Conversion(with_past.program, (), with_past.kwargs, settings, with_past)
 
 
@@ -233,6 +238,7 @@ def convert(
     external_data: bool | str = "auto",
     external_threshold: int = EXTERNAL_DATA_THRESHOLD,
     undecomposed: torch.export.ExportedProgram | None = None,
+    genai: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `program` as an ONNX model to `path` (and its weights to `path.data` when
     they are saved as external data).
@@ -257,6 +263,7 @@ def convert(
         undecomposed: `program` before `run_decompositions`; converted instead when it
             has `NATIVE_OPS` (the exporter keeps them as single ONNX nodes), and
             `program` only if the exporter fails on it (`facts["native_ops_failed"]`).
+        genai: written beside as `genai_config.json` (`engine.targets.onnx.genai`).
 
     Returns:
         `path`.
@@ -328,6 +335,8 @@ def convert(
         stale.unlink(missing_ok=True)
     strip_node_metadata(model)
     exported.save(str(path), external_data=external)
+    if genai is not None:
+        onnx_genai.write(path, dict(genai))
     if facts is not None:
         if fallback is not None:
             facts["native_ops_failed"] = fallback

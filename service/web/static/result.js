@@ -18,6 +18,7 @@ const ARTIFACT_HELP = {
   "report.json": "stages, tracing attempts, verification, decomposition, targets",
   "model.onnx": "ONNX model: onnxruntime.InferenceSession(path)",
   "model.onnx.data": "the ONNX model's weights: keep beside model.onnx",
+  "genai_config.json": "ONNX Runtime GenAI's configuration: og.Model(folder) generates with model.onnx",
   "model.aoti.pt2": "AOTInductor package: torch._inductor.aoti_load_package(path)",
   "model.pte": "ExecuTorch program (XNNPACK): executorch.runtime",
 };
