@@ -231,9 +231,13 @@ def test_int8_is_calibrated_on_the_uploaded_samples(tmp_path: Path) -> None:
     assert good_entry.passed is True and good_entry.cosine is not None
     assert good_entry.cosine >= 0.99
     assert "missed the budget" not in (good_entry.method or "")  # the full static int8
-    # calibrated on the tiny samples, the full static int8 misses the budget: what is left
-    # is a fallback (fewer ops, or dynamic quantization), and the method says so
-    assert "the full int8 missed the budget" in (bad_entry.method or "")
+    # Calibrated on the tiny samples, the artifact is worse on the verification samples.
+    # Whether the full static int8 already misses the budget on the tiny samples it is
+    # checked on (then a fallback is used, and the method says so) varies between machines
+    # with the same packages; either way the job does not call it accurate.
+    assert bad_entry.cosine is not None and bad_entry.cosine < good_entry.cosine
+    fell_back = "the full int8 missed the budget" in (bad_entry.method or "")
+    assert fell_back or bad_entry.passed is False
 
 
 def test_an_uploaded_sample_the_program_cannot_take_fails_the_job(tmp_path: Path) -> None:
