@@ -92,7 +92,9 @@ class Target(Protocol):
     An optional `bound(message) -> dict | None` parses a runtime's refusal into the bound
     it met (`engine.targets.failures.refusal`); an optional `quantize_artifact(path, job,
     conversion, facts)` quantizes the converted artifact (else the job's quantized program
-    is converted)."""
+    is converted); an optional `runtime_generation(path, generation, settings, notes)`
+    runs the generation check again in the runtime's own generation loop (or returns
+    None)."""
 
     THREAD_SETTINGS: tuple[str, ...]
     """What `load(threads=...)` sets besides torch's own thread count."""

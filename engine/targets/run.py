@@ -139,17 +139,13 @@ def run_target(name: str, job: TargetJob) -> TargetResult:
                 if quantizing is not None:
                     accuracy.record_tokens(quantizing.report, name, generated)
                 elif not generated.passed:
-                    raise TargetError(
-                        f"{path.name} generates other tokens than eager transformers "
-                        + mismatch_text(generated),
-                        hint=f"See targets.{name}.generation for both token lists.",
-                        details={"reason": "generation_mismatch", **mismatch_details(generated)},
-                    )
+                    _refuse_mismatch(name, path, generated)
                 if hasattr(target, "runtime_generation"):
                     del flat  # the runtime loads the artifact again: one copy at a time
                     _freed()
                     in_runtime = target.runtime_generation(path, generation, settings, notes)
-                    _refuse_runtime_mismatch(name, path, in_runtime, quantizing is None)
+                    if in_runtime is not None and quantizing is None and not in_runtime.passed:
+                        _refuse_mismatch(name, path, in_runtime, runtime=True)
     except (Exception, time_budget.TargetTimeout) as exc:
         if duration is None:
             duration = time.perf_counter() - started
@@ -318,18 +314,22 @@ def _generation_check(
     return onnx_check(flat, with_past, generation, encoder_flat, whole=whole)
 
 
-def _refuse_runtime_mismatch(
-    name: str, path: Path, in_runtime: GenerationCheck | None, judged: bool
+def _refuse_mismatch(
+    name: str, path: Path, check: GenerationCheck, *, runtime: bool = False
 ) -> None:
-    """A float artifact that generates other tokens in its runtime's own generation loop
-    than eager fails; a quantized one's drift is recorded, as in its generation check."""
-    if in_runtime is None or not judged or in_runtime.passed:
-        return
+    """Fail a float artifact whose greedy tokens differ from eager transformers' (in its
+    runtime's own generation loop: `runtime`); a quantized one's drift is recorded."""
+    where = "in its runtime's own generation loop " if runtime else ""
     raise TargetError(
-        f"{path.name} generates other tokens than eager transformers in its runtime's own "
-        "generation loop " + mismatch_text(in_runtime),
-        hint=f"See targets.{name}.runtime_generation for both token lists.",
-        details={"reason": "generation_mismatch", "runtime": True, **mismatch_details(in_runtime)},
+        f"{path.name} generates other tokens than eager transformers {where}"
+        + mismatch_text(check),
+        hint=f"See targets.{name}.{'runtime_generation' if runtime else 'generation'} for "
+        "both token lists.",
+        details={
+            "reason": "generation_mismatch",
+            **({"runtime": True} if runtime else {}),
+            **mismatch_details(check),
+        },
     )
 
 

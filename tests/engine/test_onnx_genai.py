@@ -68,8 +68,8 @@ def test_tokens_that_differ_in_the_runtime_fail_the_target(
 
     real = genai.generate
 
-    def shifted(folder: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-        return [(token + 1) % 96 for token in real(folder, prompt, max_new_tokens)]
+    def shifted(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+        return [(token + 1) % 96 for token in real(model, prompt, max_new_tokens)]
 
     monkeypatch.setattr(genai, "generate", shifted)
     report = _export(tmp_path, "llama").report

@@ -97,14 +97,13 @@ def write(path: Path, genai: dict[str, Any]) -> Path:
     return written
 
 
-def generate(folder: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy tokens after `prompt` from the model in `folder`, by ONNX Runtime GenAI's
-    `Generator` (its cache, positions and mask), each the argmax of the logits it
+def generate(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens after `prompt` from `model` (an `onnxruntime_genai.Model`), by a new
+    `Generator` of its (its cache, positions and mask), each the argmax of the logits it
     returns: an end-of-sequence token does not end the run, as it does not eager's."""
     import numpy as np
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(prompt) + max_new_tokens, do_sample=False)
     generator = og.Generator(model, params)
@@ -122,17 +121,21 @@ def runtime_generation(
     path: Path, generation: Generation, settings: dict[str, Any], notes: list[str]
 ) -> GenerationCheck | None:
     """The generation check run by ONNX Runtime GenAI on the folder of `path` (its
-    `genai_config.json`), when the model has one and onnxruntime-genai is installed; a
-    runtime that cannot run it is a note (`model.onnx` itself was verified)."""
+    `genai_config.json`, loaded once for all the check's runs), when the model has one and
+    onnxruntime-genai is installed; a runtime that cannot run it is a note (`model.onnx`
+    itself was verified)."""
     if settings.get("genai") is None or not installed():
         return None
+    import onnxruntime_genai as og
+
     from engine.generation.checks import checked
 
     try:
+        model = og.Model(str(path.parent))
         return checked(
             generation,
             lambda prompt, expected: generate(
-                path.parent, [int(token) for token in prompt.ids[0]], len(expected)
+                model, [int(token) for token in prompt.ids[0]], len(expected)
             ),
         )
     except Exception as exc:  # the runtime's own refusal, e.g. of the config
