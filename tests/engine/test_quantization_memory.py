@@ -107,25 +107,49 @@ def test_a_target_that_runs_out_of_memory_says_so_and_what_it_asked_for() -> Non
     assert "reason" not in other.details
 
 
+class _Refused(torch.nn.Module):
+    """Linears XNNPACK takes, and an integer add it refuses (its partitioner's `why`
+    then keeps the refused node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(96, 160)
+        self.second = torch.nn.Linear(160, 96)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.second(torch.relu(self.first(x))), (ids + 1).sum()
+
+
 def test_a_converted_programs_weights_are_not_kept_alive_by_caches(tmp_path: Path) -> None:
-    """ExecuTorch's `is_same_node` cache, FakeTensorMode's dispatch cache and torch's
-    proxy-tensor map of the last trace held the lowered programs, and every quantized
-    weight with them, after the conversion."""
+    """ExecuTorch's `is_same_node` cache, FakeTensorMode's dispatch cache, torch's
+    proxy-tensor map of the last trace, the XNNPACK partitioner's `why` (the last node
+    it refused) and a ShapeEnv's own dispatch cache held the lowered programs, and every
+    quantized weight with them, after the conversion."""
     import gc
 
     pytest.importorskip("executorch")
+    from executorch.exir.backend.utils import WhyNoPartition
+    from torch._subclasses.fake_tensor import FakeTensor
+
     from engine.targets import executorch
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.ReLU()).eval()
-    x = torch.randn(2, 96)
-    program = quantize(model, (x,), {}, scheme="8da4w", group_size=32)
-    executorch.convert(program, (x,), {}, tmp_path / "model.pte")
+    x, ids = torch.randn(2, 96), torch.arange(4)
+    dims = ({0: torch.export.Dim("batch", max=8)}, {0: torch.export.Dim("length", max=16)})
+    program = quantize(
+        _Refused().eval(), (x, ids), {}, scheme="8da4w", group_size=32, dynamic_shapes=dims
+    )
+    executorch.convert(program, (x, ids), {}, tmp_path / "model.pte")
     del program
     gc.collect()
+    objects = gc.get_objects()  # a dead weakref.proxy among them fails isinstance
     alive = [
         o
-        for o in gc.get_objects()
-        if isinstance(o, torch.Tensor) and o.dtype == torch.int8 and o.shape == (160, 96)
+        for o in objects
+        if issubclass(type(o), torch.Tensor)
+        and not issubclass(type(o), FakeTensor)
+        and o.dtype == torch.int8
     ]
     assert alive == []
+    refusers = [o for o in objects if issubclass(type(o), WhyNoPartition)]
+    assert refusers and all(each.node is None for each in refusers)
