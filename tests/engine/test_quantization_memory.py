@@ -149,6 +149,7 @@ def test_a_converted_programs_weights_are_not_kept_alive_by_caches(tmp_path: Pat
         if issubclass(type(o), torch.Tensor)
         and not issubclass(type(o), FakeTensor)
         and o.dtype == torch.int8
+        and o.shape in ((160, 96), (96, 160))  # this model's (other tests' may live on)
     ]
     assert alive == []
     refusers = [o for o in objects if issubclass(type(o), WhyNoPartition)]
