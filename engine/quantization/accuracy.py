@@ -19,9 +19,11 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from engine.load import module_copies
 from engine.shapes.sampling import draw_samples, draw_values
 from engine.verify.flat import flatten_with_paths
-from engine.verify.verification import EXPORTED_RAISED, compare_leaf
+from engine.verify.precision import float32_reference, reduced_model
+from engine.verify.verification import EXPORTED_RAISED, WEIGHTS_CHANGED, compare_leaf
 from schemas import GenerationCheck, OutputCheck, SampleCheck, VerificationReport, VerifyOptions
 from schemas.options import QuantizeOptions
 from schemas.quantization import (
@@ -94,6 +96,12 @@ def measure(
     example and `samples` drawn inside `program`'s dynamic ranges (of the example's
     shapes with other values when it has none).
 
+    The float eager model runs on a copy sharing `pristine`'s weights (a full copy would
+    hold the weights twice: 6.4 GB for a 3.21B bfloat16 model). A bfloat16 or float16
+    model's reference is computed in float32 from its own weights, one module widened at
+    a time (`engine.verify.precision`), as the quantized copy computes; an output whose
+    dtype differs from the reference's is compared widened to float32.
+
     Returns the artifact's verification report (each output within the budget or not)
     and its entry of `report.quantization.targets`.
     """
@@ -105,11 +113,12 @@ def measure(
         inputs += drawn or draw_values(args, kwargs, samples, 0)
     checks: list[SampleCheck] = []
     stats: dict[str, _Stats] = {}
+    eager = _Eager(pristine, share=not module_copies.mutates_parameters(program))
     for label, symbols, drawn in inputs:
         if isinstance(drawn, str):
             checks.append(SampleCheck(label=label, symbols=symbols, status="skipped", reason=drawn))
             continue
-        checks.append(_sample(label, symbols, drawn, runner, pristine, options, stats))
+        checks.append(_sample(label, symbols, drawn, runner, eager, options, stats))
     outputs = [each.output(path) for path, each in stats.items()]
     cosines = [o.cosine for o in outputs if o.cosine is not None]
     errors = [o.max_abs for o in outputs if o.max_abs is not None]
@@ -135,7 +144,7 @@ def _sample(
     symbols: dict[str, int],
     drawn: tuple[tuple[Any, ...], dict[str, Any]],
     runner: Runner,
-    pristine: torch.nn.Module,
+    eager: _Eager,
     options: QuantizeOptions,
     stats: dict[str, _Stats],
 ) -> SampleCheck:
@@ -144,9 +153,13 @@ def _sample(
     with torch.no_grad():
         try:
             eager_args, eager_kwargs = copy.deepcopy((tuple(sample_args), dict(sample_kwargs)))
-            expected = copy.deepcopy(pristine)(*eager_args, **eager_kwargs)
+            expected = eager.run(eager_args, eager_kwargs)
         except Exception as exc:
             return SampleCheck(status="skipped", reason=f"eager run: {exc}", **common)
+    changed = eager.weights.changed()
+    if changed:
+        reason = WEIGHTS_CHANGED + ", ".join(changed[:5])
+        return SampleCheck(status="failed", reason=reason, **common)
     try:
         with torch.no_grad():
             actual = runner(*copy.deepcopy((tuple(sample_args), dict(sample_kwargs))))
@@ -160,6 +173,8 @@ def _sample(
     tolerance = VerifyOptions(atol=options.max_abs or math.inf, rtol=0)
     checks: list[OutputCheck] = []
     for e, (path, a) in zip(expected_leaves, actual_paths, strict=True):
+        if _floating(e) and _floating(a) and e.dtype != a.dtype:
+            e, a = e.float(), a.float()  # the budget judges the values, not the dtype
         check = compare_leaf(path, e, a, tolerance)
         if (
             isinstance(e, torch.Tensor)
@@ -174,6 +189,31 @@ def _sample(
         checks.append(check)
     ok = all(c.passed for c in checks)
     return SampleCheck(status="passed" if ok else "failed", outputs=checks, **common)
+
+
+def _floating(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+class _Eager:
+    """The float eager model, run afresh on each sample: a copy sharing its weights
+    (unless the program writes parameters), computed in float32 when its weights are in
+    a reduced precision."""
+
+    def __init__(self, pristine: torch.nn.Module, *, share: bool) -> None:
+        self.pristine, self.share = pristine, share
+        self.weights = module_copies.WeightVersions(pristine)
+        self.widen = reduced_model(pristine)
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        fresh = (
+            module_copies.sharing_weights(self.pristine)
+            if self.share
+            else copy.deepcopy(self.pristine)
+        )
+        if self.widen:
+            return float32_reference(fresh, args, kwargs)
+        return fresh(*args, **kwargs)
 
 
 class _Stats:

@@ -8,6 +8,7 @@ whose imports and conversions take 20 s to a few minutes on 2 shared cores: `slo
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,74 @@ def test_an_artifact_outside_the_cosine_budget_fails_its_verification() -> None:
     assert entry.max_abs_error is not None
     _, loose = _measure(noisy, QuantizeOptions(max_abs=entry.max_abs_error + 1))
     assert loose.passed is True
+
+
+class Recording(Classifier):
+    """Records the storage of the weight each forward computes with (in a list its
+    copies share)."""
+
+    def __init__(self, seen: list[int]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(self.head.weight.untyped_storage().data_ptr())
+        return self.head(x)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Recording:
+        memo[id(self.seen)] = self.seen  # copies record into the same list
+        clone = Recording.__new__(Recording)
+        memo[id(self)] = clone
+        for key, value in vars(self).items():
+            setattr(clone, key, copy.deepcopy(value, memo))
+        return clone
+
+
+def test_the_float_model_runs_on_the_uploads_own_weights_not_a_copy_of_them() -> None:
+    """A full copy per sample held a 3.21B model's weights twice (6.4 GB)."""
+    seen: list[int] = []
+    model = Recording(seen).eval()
+    args = (torch.randn(4, 16),)
+    program = torch.export.export(Classifier().eval(), args)
+    _, entry = accuracy.measure(
+        lambda a, k: model.head(*a), program, model, args, {}, QuantizeOptions(), samples=0
+    )
+    assert entry.passed is True
+    assert seen == [model.head.weight.untyped_storage().data_ptr()]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_reduced_precision_models_reference_is_float32_of_its_own_weights(
+    dtype: torch.dtype,
+) -> None:
+    """A quantized copy of a bfloat16 model computes (and answers) in float32: it is
+    measured against the float32 computation of the same weights, dtype aside."""
+    model = Classifier().to(dtype).eval()
+    args = (torch.randn(4, 16).to(dtype),)
+    program = torch.export.export(model, args)
+    wide = torch.nn.Linear(16, 10)
+    wide.load_state_dict({k: v.float() for k, v in model.head.state_dict().items()})
+
+    def in_float32(a: tuple[Any, ...], k: dict[str, Any]) -> torch.Tensor:
+        return wide(a[0].float())
+
+    check, entry = accuracy.measure(
+        in_float32, program, model, args, {}, QuantizeOptions(), samples=0
+    )
+    assert check.passed is True, check.samples[0]
+    assert entry.cosine == pytest.approx(1.0) and entry.max_abs_error is not None
+    assert entry.max_abs_error < 1e-5  # float32 against float32, not against bfloat16
+    eager_error = float((model(*args).float() - in_float32(args, {})).abs().max())
+    assert eager_error > 1e-4  # eager in its own dtype is that far off
+
+    def in_own_dtype(a: tuple[Any, ...], k: dict[str, Any]) -> torch.Tensor:
+        return model(*a)
+
+    check, entry = accuracy.measure(
+        in_own_dtype, program, model, args, {}, QuantizeOptions(), samples=0
+    )
+    assert entry.max_abs_error == pytest.approx(eager_error)  # widened, then compared
+    assert entry.cosine is not None and entry.cosine > 0.99
 
 
 def test_a_static_program_is_sampled_with_other_values_of_the_examples_shapes() -> None:
@@ -264,6 +333,9 @@ def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(
     assert report.quantization is not None and report.quantization.group_size == 32
     entry = report.quantization.targets["executorch"]
     assert entry.measured is True and entry.generation is not None
+    # the example's logits measured (a bfloat16 model against float32 of its weights)
+    assert entry.cosine is not None and entry.max_abs_error is not None
+    assert [o.path for o in entry.outputs] == [""] and entry.samples == 1
     assert report.generation.check.max_new_tokens == 6
     assert_tokens_matched_from_the_first(entry, report.generation.check)
 
