@@ -20,6 +20,22 @@ from collections.abc import Iterable
 CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+)
+"""A checkpoint's tokenizer files at its base level, as `save_pretrained` of a tokenizer
+writes them: uploaded with the checkpoint and written beside the artifacts (the runtimes'
+generation loops read them)."""
+TOKENIZER_MAX_BYTES = 64 * 1024 * 1024
+"""The largest tokenizer file taken (Gemma 3's `tokenizer.json` is 33 MB)."""
 IGNORED_TOP_FOLDERS = frozenset({"__MACOSX"})
 """Folders a zip's unpacked files never include (macOS's resource forks)."""
 
@@ -29,6 +45,8 @@ __all__ = [
     "ALIGNMENT",
     "CONFIG",
     "IGNORED_TOP_FOLDERS",
+    "TOKENIZER_FILES",
+    "TOKENIZER_MAX_BYTES",
     "adapter_folders",
     "adapter_only_base",
     "aligned_member",

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from schemas._base import StrictModel
 from schemas.limits import ZIP_MAX_ENTRIES
-from schemas.model_zip import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG
+from schemas.model_zip import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, TOKENIZER_FILES
 
 SOURCE_MANIFEST = "checkpoint-source.json"
 """The model upload of a job whose checkpoint is a reference: no user upload is named so
@@ -132,15 +132,18 @@ def allowed_prefix(
 
 def selected_files(paths: Iterable[str]) -> list[str]:
     """Which files of a checkpoint folder a reference reads, as `torchport submit DIR`
-    sends a directory: `config.json`, `generation_config.json`, the weights
+    sends a directory: `config.json`, `generation_config.json`, the tokenizer's files
+    (`TOKENIZER_FILES`), the weights
     (`*.safetensors` and their index; `pytorch_model*.bin` and its index only without a
     safetensors file), top-level `.py` files (the engine runs them only for a config
     with an `auto_map`, as it does a zip's), and each
     sub-folder's PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`).
-    Everything else (tokenizers, `original/` weights, optimizer states) stays behind."""
+    Everything else (`original/` weights, optimizer states, READMEs) stays behind."""
     paths = sorted(set(paths))
     top = [p for p in paths if "/" not in p]
-    chosen = [p for p in top if p in _ALWAYS or p.endswith(_WEIGHT_SUFFIXES)]
+    chosen = [
+        p for p in top if p in _ALWAYS or p in TOKENIZER_FILES or p.endswith(_WEIGHT_SUFFIXES)
+    ]
     if not any(p.endswith(_WEIGHT_SUFFIXES) for p in top):
         chosen += [
             p

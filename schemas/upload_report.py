@@ -109,6 +109,15 @@ class CheckpointReport(StrictModel):
         default=None,
         description="The PEFT adapter merged into the model before export, if the zip held one.",
     )
+    tokenizer_files: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="The checkpoint's tokenizer files (`tokenizer.json`, "
+        "`tokenizer_config.json`, `special_tokens_map.json`, `added_tokens.json`, "
+        "`tokenizer.model`, `vocab.json`, `vocab.txt`, `merges.txt`, `chat_template.jinja` "
+        "at its base level, each at most 64 MiB), written beside the artifacts as they were "
+        "uploaded, for the runtimes' generation loops.",
+    )
 
 
 WEIGHTS_MAX_LISTED = 200

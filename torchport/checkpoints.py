@@ -1,11 +1,12 @@
 """Zipping a `save_pretrained` directory for `torchport export DIR` and `torchport submit
 DIR` (docs/contract.md §1, *Checkpoints*).
 
-Only what the engine reads is sent: `config.json`, `generation_config.json`, the weights
-(`*.safetensors`, `model.safetensors.index.json`; `pytorch_model*.bin` and its index only
-when there is no safetensors file) and, for a checkpoint with its own code (`auto_map`),
-its top-level `.py` files. Tokenizer files, optimizer states, READMEs and other files
-stay behind.
+Only what the engine reads is sent: `config.json`, `generation_config.json`, the
+tokenizer's files (`schemas.model_zip.TOKENIZER_FILES`: written beside the artifacts),
+the weights (`*.safetensors`, `model.safetensors.index.json`; `pytorch_model*.bin` and
+its index only when there is no safetensors file) and, for a checkpoint with its own code
+(`auto_map`), its top-level `.py` files. Optimizer states, READMEs and other files stay
+behind.
 
 A PEFT adapter goes with it as a sub-folder holding its `adapter_config.json` and
 `adapter_model.safetensors`: each sub-folder of the directory that has an
@@ -35,7 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.model_zip import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, aligned_member
+from schemas.model_zip import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    CONFIG,
+    TOKENIZER_FILES,
+    aligned_member,
+)
 from torchport.job_view import human_size
 
 __all__ = [
@@ -108,7 +115,7 @@ def checkpoint_files(directory: Path, sending: Sending | None = None) -> list[Pa
     Raises:
         RefusedFile: while `sending`, one of them is a link or no regular file.
     """
-    files = [directory / name for name in _ALWAYS if _exists(directory / name)]
+    files = [directory / name for name in (*_ALWAYS, *TOKENIZER_FILES) if _exists(directory / name)]
     safetensors = sorted(directory.glob("*.safetensors"))
     if safetensors:
         files += safetensors + sorted(directory.glob("model.safetensors.index.json"))

@@ -51,6 +51,8 @@ class LoadedModel:
     """What loading warns of: a model exported in eval mode, weights skipped."""
     checkpoint: CheckpointReport | None = None
     """For a checkpoint upload: the task and how it was chosen (report.checkpoint)."""
+    checkpoint_dir: Path | None = None
+    """Where the checkpoint is unpacked (its tokenizer files are copied from there)."""
     generation: Generation | None = None
     """For a generation-ready `text-generation` checkpoint: what the generation check
     needs (`module` is then transformers' static-cache wrapper)."""

@@ -25,6 +25,7 @@ from engine.diagnostics import classification as diagnostics
 from engine.diagnostics.source_map import SourceMap
 from engine.errors import ExportError, InternalError
 from engine.load import inputs, loading, module_copies
+from engine.load.checkpoint import tokenizer
 from engine.load.model import LoadedModel
 from engine.pipeline import encoder_program
 from engine.pipeline.request import (
@@ -77,6 +78,7 @@ from schemas import (
     TargetResult,
     VerifyOptions,
 )
+from schemas.model_zip import TOKENIZER_FILES
 
 __all__ = [
     "DRAFT_WORTHY",
@@ -148,7 +150,8 @@ def run_export(
             run, diagnostics.classify(exc, stage=run.stage, source_map=run.source_map)
         )
     if error is not None:
-        for name in (PROGRAM, GRAPH, SIGNATURE, encoder_program.ENCODER_PROGRAM, *TARGET_FILES):
+        made = (PROGRAM, GRAPH, SIGNATURE, encoder_program.ENCODER_PROGRAM, *TARGET_FILES)
+        for name in (*made, *TOKENIZER_FILES):
             (request.out_dir / name).unlink(missing_ok=True)
             artifacts.pop(name, None)
     for name in request.options.targets:
@@ -355,6 +358,10 @@ def _export(
             names=names,
         )
         write_json(request.out_dir / SIGNATURE, signature, artifacts)
+        if loaded.checkpoint is not None and loaded.checkpoint_dir is not None:
+            tokenizer.write(
+                loaded.checkpoint_dir, loaded.checkpoint.tokenizer_files, request.out_dir, artifacts
+            )
         if roundtrip_wanted:
 
             def timed_runner(pt2: Path, payload: Path) -> RoundtripCheck:

@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.browser.conftest import Server
@@ -31,7 +32,7 @@ TINY_BERT = {
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny BertForMaskedLM, saved as `save_pretrained` writes it, plus a tokenizer file
-    the folder upload leaves behind."""
+    the folder upload sends and a model card it leaves behind."""
     import torch
 
     directory = tmp_path_factory.mktemp("checkpoint") / "tiny-bert"
@@ -39,6 +40,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = transformers.BertConfig(**TINY_BERT)
     transformers.BertForMaskedLM(config).save_pretrained(directory)
     (directory / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (directory / "README.md").write_text("# tiny-bert\n")
     return directory
 
 
@@ -78,7 +80,7 @@ def test_a_chosen_folder_is_zipped_and_exports(page: Any, server: Server, bert: 
     page.set_input_files("[data-testid=folder-model]", str(bert))
     page.wait_for_selector("#task-row:not([hidden])")
     sent = page.text_content("#folder-status") or ""
-    assert "model.safetensors" in sent and "vocab.txt" not in sent
+    assert "model.safetensors" in sent and "vocab.txt" in sent and "README.md" not in sent
     page.select_option("#task", "feature-extraction")
     page.click("#submit")
     job = finished(server, job_id_of(page))
@@ -88,6 +90,10 @@ def test_a_chosen_folder_is_zipped_and_exports(page: Any, server: Server, bert: 
     report = server.api(f"v1/exports/{job['id']}/artifacts/report.json")
     assert report["checkpoint"]["task"] == "feature-extraction"
     assert report["checkpoint"]["weights_files"] == ["model.safetensors"]
+    assert report["checkpoint"]["tokenizer_files"] == ["vocab.txt"]
+    vocab = httpx.get(f"{server.url}v1/exports/{job['id']}/artifacts/vocab.txt", timeout=10)
+    assert vocab.status_code == 200  # beside the program, as uploaded
+    assert vocab.content == (bert / "vocab.txt").read_bytes()
 
 
 def test_a_llama_folder_for_text_generation_shows_its_generation(

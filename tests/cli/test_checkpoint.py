@@ -32,13 +32,21 @@ def test_only_config_and_weights_are_zipped(tmp_path: Path) -> None:
     said: list[str] = []
     archive = upload_path(directory, tmp_path, said.append)
     with zipfile.ZipFile(archive) as zf:
-        assert zf.namelist() == ["config.json", "generation_config.json", "model.safetensors"]
+        assert zf.namelist() == [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "vocab.txt",
+        ]
     assert archive.name == "ckpt.zip" and len(said) == 1
     (directory / "model.safetensors").unlink()  # .bin only when there is no safetensors
     assert [p.name for p in checkpoint_files(directory)] == [
         "config.json",
         "generation_config.json",
         "pytorch_model.bin",
+        "tokenizer.json",
+        "vocab.txt",
     ]
     (directory / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "modeling_x.X"}}))
     assert "modeling_x.py" in [p.name for p in checkpoint_files(directory)]

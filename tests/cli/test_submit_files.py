@@ -144,9 +144,9 @@ def test_only_regular_files_are_sent_and_each_is_listed_first(
     server: Server, tmp_path: Path
 ) -> None:
     directory = _checkpoint(tmp_path / "ckpt")
-    elsewhere = tmp_path / "tokenizer.json"
-    elsewhere.write_text("{}")
-    (directory / "tokenizer.json").symlink_to(elsewhere)  # a link not sent is no matter
+    elsewhere = tmp_path / "README.md"
+    elsewhere.write_text("# a model card")
+    (directory / "README.md").symlink_to(elsewhere)  # a link not sent is no matter
     done = torchport(server, "submit", str(directory), "--json")
     assert done.returncode == 0, done.stderr
     sent = _sent(server, json.loads(done.stdout)["id"])

@@ -260,3 +260,47 @@ def test_the_task_inferred_is_the_one_the_class_name_says(
 
     choice = choose_task(None, model_type, [architecture], {})
     assert choice is not None and (choice.task, choice.source) == (task, "architectures")
+
+
+def test_the_checkpoints_tokenizer_files_are_written_beside_the_artifacts(
+    tmp_path: Path,
+) -> None:
+    directory = bert(tmp_path)
+    files = {
+        "tokenizer.json": b'{"version": "1.0", "model": {"type": "WordPiece"}}',
+        "tokenizer_config.json": b'{"model_max_length": 512}',
+        "vocab.txt": b"[PAD]\n[UNK]\nhello\n",
+    }
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    (directory / "notes.txt").write_bytes(b"not a tokenizer file")
+    (directory / "special_tokens_map.json").mkdir()  # no regular file: not taken
+    archive = zip_directory(directory, tmp_path / "bert.zip")
+    options = {"decomposition": {"mode": "none"}, "verify": {"samples": 1, "roundtrip": False}}
+    result = export(tmp_path, archive, options)
+    assert result.succeeded, result.report.error
+    assert result.report.checkpoint is not None
+    assert result.report.checkpoint.tokenizer_files == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
+    out = tmp_path / "out"
+    for name, data in files.items():
+        assert (out / name).read_bytes() == data
+    assert not (out / "notes.txt").exists()
+    listed = {a.name: a for a in result.report.artifacts}
+    assert set(files) <= set(listed)
+    assert listed["vocab.txt"].size == len(files["vocab.txt"])
+
+
+def test_a_tokenizer_file_that_is_a_link_or_too_big_is_not_taken(tmp_path: Path) -> None:
+    from engine.load.checkpoint import tokenizer
+    from schemas.model_zip import TOKENIZER_MAX_BYTES
+
+    (tmp_path / "secret").write_bytes(b"another file")
+    (tmp_path / "tokenizer.json").symlink_to(tmp_path / "secret")
+    with open(tmp_path / "tokenizer.model", "wb") as handle:
+        handle.truncate(TOKENIZER_MAX_BYTES + 1)
+    (tmp_path / "merges.txt").write_bytes(b"#version: 0.2\n")
+    assert tokenizer.found(tmp_path) == ["merges.txt"]

@@ -14,6 +14,7 @@ import pytest
 from engine.load.model import Upload
 from engine.pipeline.export import ExportRequest, run_export
 from schemas import ExportOptions
+from schemas.model_zip import TOKENIZER_MAX_BYTES
 from tests.sandbox.conftest import MODELS, Arena, digest, fresh_runner, run_benign
 from worker.sandbox import SandboxRunner, SandboxSettings
 from worker.sandbox.host.outputs import Untrusted as _Untrusted
@@ -166,6 +167,56 @@ def test_bad_external_data_is_untrusted(
         runner(max_program_bytes=limit)._take_outputs(outputs, tmp_path / "accepted")
     with pytest.raises(_Untrusted):
         runner(max_program_bytes=limit)._take_outputs(outputs)
+
+
+def _with_tokenizer(out: Path, listed: list[str]) -> None:
+    """The report says the checkpoint's tokenizer files `listed` were written."""
+    from schemas import ReportDocument
+    from schemas.upload_report import CheckpointReport
+
+    report = ReportDocument.model_validate_json((out / "report.json").read_text())
+    report.checkpoint = CheckpointReport(
+        task="text-generation",
+        task_source="options",
+        model_type="llama",
+        model_class="LlamaForCausalLM",
+        weights_format="safetensors",
+        tokenizer_files=listed,
+    )
+    (out / "report.json").write_text(report.model_dump_json())
+
+
+def test_tokenizer_files_are_taken_when_listed_and_known(outputs: Path, tmp_path: Path) -> None:
+    _with_tokenizer(outputs, ["tokenizer.json", "report.json", "notes.txt", "../escape"])
+    (outputs / "tokenizer.json").write_bytes(b'{"model": {}}')
+    (outputs / "notes.txt").write_bytes(b"listed, but no tokenizer file")
+    (outputs / "merges.txt").write_bytes(b"a tokenizer file, but not listed")
+    accepted = runner()._take_outputs(outputs, tmp_path / "accepted")
+    assert accepted is not None
+    assert accepted.infos["tokenizer.json"].size == len(b'{"model": {}}')
+    assert {"notes.txt", "merges.txt", "../escape"}.isdisjoint(accepted.files)
+    after = runner()._take_outputs(outputs)
+    assert after is not None and after.files["tokenizer.json"] == outputs / "tokenizer.json"
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda out: (out / "tokenizer.json").symlink_to(Path("/etc/hostname")),
+        lambda out: (out / "tokenizer.json").write_bytes(b"\x00" * (TOKENIZER_MAX_BYTES + 1)),
+        lambda out: None,  # listed, not written
+    ],
+    ids=["a link", "over the tokenizer limit", "missing"],
+)
+def test_a_bad_tokenizer_file_is_untrusted(
+    outputs: Path, tmp_path: Path, forge: Callable[[Path], object]
+) -> None:
+    _with_tokenizer(outputs, ["tokenizer.json"])
+    forge(outputs)
+    with pytest.raises(_Untrusted):
+        runner()._take_outputs(outputs, tmp_path / "accepted")
+    with pytest.raises(_Untrusted):
+        runner()._take_outputs(outputs)
 
 
 def _with_encoder(out: Path) -> None:

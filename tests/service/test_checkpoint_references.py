@@ -45,6 +45,7 @@ READ = [
     "lora/adapter_config.json",
     "lora/adapter_model.safetensors",
     "model.safetensors",
+    "tokenizer.json",
 ]
 
 

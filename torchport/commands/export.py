@@ -23,6 +23,7 @@ from rich.console import Console
 from engine.serialize.artifacts import ARTIFACT_NAMES, ENCODER
 from engine.targets.registry import TARGET_FILES
 from schemas import Environment, ErrorBody, ExportOptions, Progress, ReportDocument
+from schemas.model_zip import TOKENIZER_FILES
 from schemas.outcomes import error_body, validation_items
 from torchport.checkpoints import UnusableAdapter, upload_path
 from torchport.commands.upload_options import add_upload_arguments, requires_of
@@ -335,7 +336,8 @@ class _Exporter:
     def _sandboxed(self, model: Path, out: Path, on_progress: Any) -> Any:
         from worker.sandbox import SandboxJob, SpentFile
 
-        for name in (*ARTIFACT_NAMES, ENCODER, *TARGET_FILES):  # no earlier run's files here
+        # no earlier run's files here
+        for name in (*ARTIFACT_NAMES, ENCODER, *TARGET_FILES, *TOKENIZER_FILES):
             (out / name).unlink(missing_ok=True)
         if self.refused is not None:
             report = _refused(self.options, self.refused)

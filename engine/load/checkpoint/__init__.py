@@ -4,7 +4,8 @@
 `tasks` maps tasks to transformers' auto classes and infers the task from the config,
 `example_inputs` makes the inputs and the dynamic shapes of a task, `adapters` finds a
 PEFT adapter beside the checkpoint and merges it, and `building` builds the model, loads
-its weights and hands the loading stage a `LoadedModel`.
+its weights and hands the loading stage a `LoadedModel`; `tokenizer` finds its tokenizer
+files and writes them beside the artifacts.
 """
 
 from engine.load.checkpoint.adapters import refuse_adapter_only

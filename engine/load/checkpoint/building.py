@@ -30,6 +30,7 @@ from engine.errors import (
     WeightsMismatch,
 )
 from engine.generation import Generation, make_ready, make_seq2seq_ready
+from engine.load.checkpoint import tokenizer
 from engine.load.checkpoint.adapters import find_adapter, merge_adapter
 from engine.load.checkpoint.detection import CONFIG
 from engine.load.checkpoint.example_inputs import max_sequence, task_inputs
@@ -139,6 +140,7 @@ def load_checkpoint(
         newly_initialized=sorted(loading_info.get("missing_keys", ()))[:MAX_LISTED],
         generated_inputs=generated,
         adapter=adapter,
+        tokenizer_files=tokenizer.found(directory),
     )
     return LoadedModel(
         module=model,
@@ -155,6 +157,7 @@ def load_checkpoint(
         weights=prepared.weights,
         warnings=[*not_ready, *prepared.warnings],
         checkpoint=report,
+        checkpoint_dir=directory,
         generation=generation,
         strict=False if generation is not None else None,
     )

@@ -4,6 +4,8 @@
 // of the files themselves, so a multi-GB folder is never copied into memory.
 
 const CHECKPOINT_FILE = /^(config\.json|generation_config\.json|.+\.safetensors|model\.safetensors\.index\.json)$/;
+// The tokenizer's files (schemas/model_zip.py TOKENIZER_FILES): written beside the artifacts.
+const TOKENIZER_FILE = /^(tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|added_tokens\.json|tokenizer\.model|vocab\.json|vocab\.txt|merges\.txt|chat_template\.jinja)$/;
 const BIN_FILE = /^(pytorch_model.*\.bin|pytorch_model\.bin\.index\.json)$/;
 const ADAPTER_CONFIG = "adapter_config.json";
 const ADAPTER_WEIGHTS = "adapter_model.safetensors";
@@ -73,8 +75,8 @@ function innerPath(file) {
 }
 
 /** The files of a chosen folder (`webkitdirectory`) a checkpoint needs, as `torchport
- * submit DIR` picks them (torchport/checkpoints.py): config, generation config, safetensors
- * and their index (the .bin weights only without safetensors; the top-level .py files only
+ * submit DIR` picks them (torchport/checkpoints.py): config, generation config, the
+ * tokenizer's files, safetensors and their index (the .bin weights only without safetensors; the top-level .py files only
  * with `auto_map`), and each sub-folder holding an `adapter_config.json` as a PEFT adapter:
  * its adapter_config.json and adapter_model.safetensors. A folder that is an adapter itself
  * (no config.json) sends its two files alone, which the server refuses without its base
@@ -90,6 +92,7 @@ export async function checkpointFiles(fileList) {
   if (!config && top.some((e) => e.path === ADAPTER_CONFIG)) return named(ADAPTER_FILE);
   let files = named(CHECKPOINT_FILE);
   if (!files.some((e) => e.path.endsWith(".safetensors"))) files = files.concat(named(BIN_FILE));
+  files = files.concat(named(TOKENIZER_FILE));
   if (config) {
     try {
       if (JSON.parse(await config.file.text()).auto_map) files = files.concat(named(/\.py$/));

@@ -36,6 +36,7 @@ from engine.serialize.artifacts import (
 )
 from engine.targets.registry import TARGET_ARTIFACTS, TARGET_COMPANIONS, TARGET_FILES
 from schemas import ArtifactInfo, GraphDocument, ReportDocument, SignatureDocument
+from schemas.model_zip import TOKENIZER_FILES, TOKENIZER_MAX_BYTES
 from worker.sandbox.settings import SandboxSettings
 
 __all__ = [
@@ -145,10 +146,14 @@ def take_outputs(
         return Accepted(document, {}, {}, into)
     if set(files) != {PROGRAM, GRAPH, SIGNATURE}:
         raise Untrusted("a succeeded job must produce program.pt2, graph.json, signature.json")
-    wanted: list[tuple[str, str]] = []
+    big = s.max_program_bytes
+    wanted: list[tuple[str, str, int]] = []
     if document.generation is not None and document.generation.encoder is not None:
         # an encoder-decoder model's second program, named by us, never by the report
-        wanted.append(("the encoder program", ENCODER))
+        wanted.append(("the encoder program", ENCODER, big))
+    if document.checkpoint is not None:  # the tokenizer's files the report lists, if known
+        listed = set(document.checkpoint.tokenizer_files) & set(TOKENIZER_FILES)
+        wanted += [("the export", name, TOKENIZER_MAX_BYTES) for name in sorted(listed)]
     for target, artifact in TARGET_ARTIFACTS.items():
         # Only the artifacts of targets the report says succeeded, and of the files a
         # target may write beside its artifact only those its entry lists; each a
@@ -157,18 +162,18 @@ def take_outputs(
         if result is None or result.status != "succeeded":
             continue
         listed = set(result.artifacts) & set(TARGET_COMPANIONS.get(target, ()))
-        wanted += [(f"target {target}", name) for name in (artifact, *sorted(listed))]
-    for whose, name in wanted:
+        wanted += [(f"target {target}", name, big) for name in (artifact, *sorted(listed))]
+    for whose, name, limit in wanted:
         magic = ZIP_MAGIC if name.endswith(".pt2") else None
         if into is None:
-            head = read_regular(produced / name, s.max_program_bytes, whole=False)
+            head = read_regular(produced / name, limit, whole=False)
             if head is None:
                 raise Untrusted(f"{whose} succeeded without {name}")
             if magic is not None and not head.startswith(magic):
                 raise Untrusted(f"{name} is not a zip archive")
             files[name] = produced / name
         else:
-            copied = copy_regular(produced / name, into / name, s.max_program_bytes, magic)
+            copied = copy_regular(produced / name, into / name, limit, magic)
             if copied is None:
                 raise Untrusted(f"{whose} succeeded without {name}")
             files[name], infos[name] = into / name, copied
