@@ -109,6 +109,7 @@ def test_a_dropped_folder_is_zipped_whole(page: Any, server: Server, tmp_path: P
     )
     transformers.BertForMaskedLM(config).save_pretrained(directory)
     (directory / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (directory / "README.md").write_text("# tiny-bert\n")  # left behind
     top = sorted(p for p in directory.iterdir() if p.is_file())
     files = ", ".join(f"file({_file_js(p.name, p.read_bytes())})" for p in top)
     page.goto("/")
@@ -134,12 +135,13 @@ def test_a_dropped_folder_is_zipped_whole(page: Any, server: Server, tmp_path: P
     page.wait_for_selector("#task-row:not([hidden])")
     assert page.text_content("[data-zone=model] .file-name") == "tiny-bert.zip"
     sent = page.text_content("#folder-status") or ""
-    assert "config.json" in sent and "model.safetensors" in sent and "vocab.txt" not in sent
+    assert "config.json" in sent and "model.safetensors" in sent and "vocab.txt" in sent
+    assert "README.md" not in sent
     page.select_option("#task", "fill-mask")
     page.click("#submit")
     job_id = job_id_of(page)
     # what the server got: the folder's files, byte for byte
-    for name in ("config.json", "model.safetensors"):
+    for name in ("config.json", "model.safetensors", "vocab.txt"):
         stored = httpx.get(
             f"{server.url}v1/exports/{job_id}/uploads/model/files/tiny-bert/{name}", timeout=10
         )
