@@ -18,6 +18,19 @@ ProfiledKind = Literal["eager", "program", "target"]
 ProfileStatus = Literal["measured", "failed", "skipped"]
 
 
+class DecodeLatency(StrictModel):
+    """One-token decode steps of a generation-ready LLM's artifact at one cache position."""
+
+    position: int = Field(
+        description="The step's `cache_position`: the tokens already in the cache before it."
+    )
+    runs: int = Field(description="Timed steps (at least 1), after one untimed step.")
+    p50_ms: float = Field(description="Median latency of a step, in milliseconds: ms/token.")
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+
+
 class LatencyProfile(StrictModel):
     """Timed runs of one artifact at one thread count."""
 
@@ -45,6 +58,15 @@ class LatencyProfile(StrictModel):
     mean_ms: float
     min_ms: float
     max_ms: float
+    decode: list[DecodeLatency] = Field(
+        default_factory=list,
+        description="For a generation-ready LLM's artifacts that keep the cache as program "
+        "state (eager, `program`, `aoti`, `executorch`): one-token decode steps timed at a "
+        "short and a long cache position (an eighth and seven eighths of `max_cache_len`, "
+        "the short one at most 64); the runs above are then the prefill of the example's "
+        "prompt, its time to first token. Empty otherwise (an ONNX model takes the cache as "
+        "inputs).",
+    )
 
 
 class ArtifactProfile(StrictModel):

@@ -248,6 +248,9 @@ def profile_artifacts(
             result = run.targets.get(name)
             if name in profiled and result is not None and result.status == "succeeded":
                 subjects.append(profiled[name])
+        if loaded.generation is not None:  # decode steps too, where the cache is state
+            length = loaded.generation.max_cache_len
+            subjects = [profiling.decoding(subject, length) for subject in subjects]
         elapsed = sum(stage.duration_s for stage in run.stages)
         run.sections["profile"] = profiling.profile(
             subjects,

@@ -26,6 +26,7 @@ loaded (`status` `skipped`): a profile never ends a job that succeeded.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import gc
 import math
@@ -45,6 +46,7 @@ from engine.profile import resident_memory
 from schemas import ExportOptions, ProfileOptions
 from schemas.profile import (
     ArtifactProfile,
+    DecodeLatency,
     LatencyProfile,
     MachineProfile,
     ProfiledKind,
@@ -55,6 +57,7 @@ __all__ = [
     "INTERVAL_S",
     "Subject",
     "budget",
+    "decoding",
     "eager_subject",
     "machine",
     "profile",
@@ -88,6 +91,29 @@ class Subject:
     files: list[Path] = field(default_factory=list)
     settings: tuple[str, ...] = ()
     """The runtime's own thread settings `load` sets, besides `torch.set_num_threads`."""
+    decode_positions: tuple[int, ...] = ()
+    """For a generation-ready LLM's artifact whose cache is program state: the cache
+    positions a one-token decode step is timed at (`decoding`)."""
+
+
+def decoding(subject: Subject, max_cache_len: int) -> Subject:
+    """`subject` with one-token decode steps to time at a short and a long cache position
+    (an eighth, at most 64, and seven eighths of `max_cache_len`), when it takes
+    `input_ids` and `cache_position` by name (a program with its cache as state)."""
+    if not {"input_ids", "cache_position"} <= set(subject.kwargs):
+        return subject
+    positions = sorted({min(64, max_cache_len // 8), max_cache_len - max_cache_len // 8})
+    positions = [p for p in positions if 0 < p < max_cache_len]
+    return dataclasses.replace(subject, decode_positions=tuple(positions))
+
+
+def _step(subject: Subject, position: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inputs of one decode step at `position`: the example's first token there."""
+    args, kwargs = _copied(subject)
+    ids, at = kwargs["input_ids"], kwargs["cache_position"]
+    kwargs["input_ids"] = ids[..., :1].clone()
+    kwargs["cache_position"] = torch.tensor([position], dtype=at.dtype)
+    return args, kwargs
 
 
 def wanted(options: ExportOptions) -> bool:
@@ -273,9 +299,14 @@ def _timed(
             runner(args, kwargs)
             sync()
             times.append((time.perf_counter_ns() - began) / 1e6)
+        decode = [
+            _decode_steps(subject, runner, position, options.runs, deadline, sync)
+            for position in subject.decode_positions
+        ]
     del runner
     ordered = sorted(times)
     return LatencyProfile(
+        decode=decode,
         threads=threads,
         settings=settings,
         load_s=load_s,
@@ -287,6 +318,34 @@ def _timed(
         mean_ms=statistics.fmean(ordered),
         min_ms=ordered[0],
         max_ms=ordered[-1],
+    )
+
+
+def _decode_steps(
+    subject: Subject,
+    runner: Runner,
+    position: int,
+    runs: int,
+    deadline: float,
+    sync: Callable[[], None],
+) -> DecodeLatency:
+    """One untimed step at `position`, then up to `runs` timed ones while the share
+    lasts (the first whatever it is)."""
+    runner(*_step(subject, position))
+    times: list[float] = []
+    while len(times) < runs and (not times or time.perf_counter() < deadline):
+        args, kwargs = _step(subject, position)
+        began = time.perf_counter_ns()
+        runner(args, kwargs)
+        sync()
+        times.append((time.perf_counter_ns() - began) / 1e6)
+    return DecodeLatency(
+        position=position,
+        runs=len(times),
+        p50_ms=statistics.median(times),
+        mean_ms=statistics.fmean(times),
+        min_ms=min(times),
+        max_ms=max(times),
     )
 
 

@@ -232,7 +232,7 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
     options = {
         **TEXT_GENERATION,
         "targets": ["onnx", "aoti", "executorch"],
-        "profile": {"enabled": False},  # profiles: tests/engine/test_profiling.py
+        "profile": {"enabled": True, "runs": 2, "warmup": 1, "budget_s": 10},
     }
     result = export(tmp_path, archive, options)
     report = result.report
@@ -247,6 +247,16 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
         assert target.generation.expected == report.generation.check.expected
         # the second prompt and the restart ran on the loaded artifact too
         assert target.generation.runs == report.generation.check.runs, name
+    # decode steps timed where the cache is program state (not ONNX's: it takes the cache)
+    assert report.profile is not None
+    size = report.generation.max_cache_len
+    for row in report.profile.artifacts:
+        assert row.status == "measured", (row.name, row.error)
+        for latency in row.latency:
+            positions = [step.position for step in latency.decode]
+            assert positions == ([] if row.name == "onnx" else [size // 8, size - size // 8])
+            for step in latency.decode:
+                assert step.runs >= 1 and 0 < step.min_ms <= step.p50_ms <= step.max_ms
     # past max_cache_len: AOTInductor raises the program's error; ExecuTorch removes
     # assertions and its runtime refuses the index (error 0x12)
     from torch._inductor import aoti_load_package

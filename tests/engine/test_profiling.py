@@ -211,3 +211,38 @@ def test_every_target_is_profiled_with_its_runtimes_thread_setting(tmp_path: Pat
     assert settings["executorch"] == {"torch.set_num_threads", "executorch.threadpool"}
     assert settings["aoti"] == {"torch.set_num_threads"}
     assert result.report.targets["aoti"].details["threads"] == "dynamic"
+
+
+class StaticCache(torch.nn.Module):
+    """A program with its cache as state: writes the step's positions, records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 64, 4))
+        self.seen: list[tuple[tuple[int, ...], list[int]]] = []
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        self.seen.append((tuple(input_ids.shape), cache_position.tolist()))
+        self.cache[:, cache_position] = input_ids.float().unsqueeze(-1).expand(-1, -1, 4)
+        return self.cache.sum(-1)
+
+
+def test_a_generation_ready_artifact_gets_decode_steps_at_a_short_and_a_long_position() -> None:
+    model = StaticCache()
+    prompt = {"input_ids": torch.arange(1, 17)[None], "cache_position": torch.arange(16)}
+    subject = profiling.decoding(profiling.eager_subject(model, (), prompt), 64)
+    assert subject.decode_positions == (8, 56)
+    profile = profiling.profile([subject], ProfileOptions(runs=2, warmup=1), budget_s=10)
+    [row] = profile.artifacts
+    for latency in row.latency:
+        assert [step.position for step in latency.decode] == [8, 56]
+        assert all(step.runs == 2 for step in latency.decode)
+    steps = [seen for seen in model.seen if seen[0] == (1, 1)]
+    assert steps and {positions[0] for _, positions in steps} == {8, 56}
+    prompts = [seen for seen in model.seen if seen[0] != (1, 1)]
+    assert prompts[0] == ((1, 16), list(range(16)))
+    # a big cache: the short position stays at 64
+    assert profiling.decoding(subject, 1024).decode_positions == (64, 896)
+    # an artifact taking the cache as inputs (ONNX's) gets none
+    other = profiling.eager_subject(model, (), {"input_ids": prompt["input_ids"]})
+    assert profiling.decoding(other, 64).decode_positions == ()
