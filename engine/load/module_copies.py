@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 from torch.export.graph_signature import OutputKind
 
-__all__ = ["WeightVersions", "mutates_parameters", "sharing_weights"]
+__all__ = ["WeightVersions", "fresh", "mutates_parameters", "sharing_weights"]
 
 Module = TypeVar("Module", bound=torch.nn.Module)
 
@@ -30,6 +30,12 @@ def sharing_weights(module: Module) -> Module:
     """A deep copy of `module` whose parameters are `module`'s own tensors."""
     memo: dict[int, object] = {id(parameter): parameter for parameter in module.parameters()}
     return copy.deepcopy(module, memo)
+
+
+def fresh(module: Module, *, share: bool) -> Module:
+    """A copy of `module` for one run: sharing its weights (`sharing_weights`) or, when
+    the program writes parameters (`mutates_parameters`), whole."""
+    return sharing_weights(module) if share else copy.deepcopy(module)
 
 
 def mutates_parameters(program: torch.export.ExportedProgram) -> bool:

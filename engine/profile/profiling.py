@@ -286,19 +286,13 @@ def _timed(
     runner = subject.load(threads)
     load_s = None if subject.kind == "eager" else time.perf_counter() - started
     sync = torch.cuda.synchronize if device == "cuda" else _nothing
-    times: list[float] = []
     warmed = 0
     with torch.no_grad():
         while warmed < options.warmup and (not warmed or time.perf_counter() < deadline):
             runner(*_copied(subject))
             warmed += 1
         sync()
-        while len(times) < options.runs and (not times or time.perf_counter() < deadline):
-            args, kwargs = _copied(subject)
-            began = time.perf_counter_ns()
-            runner(args, kwargs)
-            sync()
-            times.append((time.perf_counter_ns() - began) / 1e6)
+        times = _timed_runs(runner, lambda: _copied(subject), options.runs, deadline, sync)
         decode = [
             _decode_steps(subject, runner, position, options.runs, deadline, sync)
             for position in subject.decode_positions
@@ -332,13 +326,7 @@ def _decode_steps(
     """One untimed step at `position`, then up to `runs` timed ones while the share
     lasts (the first whatever it is)."""
     runner(*_step(subject, position))
-    times: list[float] = []
-    while len(times) < runs and (not times or time.perf_counter() < deadline):
-        args, kwargs = _step(subject, position)
-        began = time.perf_counter_ns()
-        runner(args, kwargs)
-        sync()
-        times.append((time.perf_counter_ns() - began) / 1e6)
+    times = _timed_runs(runner, lambda: _step(subject, position), runs, deadline, sync)
     return DecodeLatency(
         position=position,
         runs=len(times),
@@ -347,6 +335,25 @@ def _decode_steps(
         min_ms=min(times),
         max_ms=max(times),
     )
+
+
+def _timed_runs(
+    runner: Runner,
+    inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+    runs: int,
+    deadline: float,
+    sync: Callable[[], None],
+) -> list[float]:
+    """Up to `runs` calls of `runner` on fresh `inputs()` while `deadline` is ahead (the
+    first whatever it is): each call's milliseconds, the inputs made outside the clock."""
+    times: list[float] = []
+    while len(times) < runs and (not times or time.perf_counter() < deadline):
+        args, kwargs = inputs()
+        began = time.perf_counter_ns()
+        runner(args, kwargs)
+        sync()
+        times.append((time.perf_counter_ns() - began) / 1e6)
+    return times
 
 
 def _copied(subject: Subject) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -206,11 +206,7 @@ class _Eager:
         self.widen = reduced_model(pristine)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        fresh = (
-            module_copies.sharing_weights(self.pristine)
-            if self.share
-            else copy.deepcopy(self.pristine)
-        )
+        fresh = module_copies.fresh(self.pristine, share=self.share)
         if self.widen:
             return float32_reference(fresh, args, kwargs)
         return fresh(*args, **kwargs)

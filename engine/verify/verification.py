@@ -165,15 +165,11 @@ class _Copies:
         self.weights = module_copies.WeightVersions(pristine)
 
     def eager(self) -> torch.nn.Module:
-        if self.share:
-            return module_copies.sharing_weights(self.pristine)
-        return copy.deepcopy(self.pristine)
+        return module_copies.fresh(self.pristine, share=self.share)
 
     def exported(self) -> torch.nn.Module:
         assert self.template is not None
-        if self.share:
-            return module_copies.sharing_weights(self.template)
-        return copy.deepcopy(self.template)
+        return module_copies.fresh(self.template, share=self.share)
 
 
 def _run_sample(

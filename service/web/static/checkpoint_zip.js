@@ -76,8 +76,8 @@ function innerPath(file) {
 
 /** The files of a chosen folder (`webkitdirectory`) a checkpoint needs, as `torchport
  * submit DIR` picks them (torchport/checkpoints.py): config, generation config, the
- * tokenizer's files, safetensors and their index (the .bin weights only without safetensors; the top-level .py files only
- * with `auto_map`), and each sub-folder holding an `adapter_config.json` as a PEFT adapter:
+ * tokenizer's files, safetensors and their index (the .bin weights only without
+ * safetensors; the top-level .py files only with `auto_map`), and each sub-folder holding an `adapter_config.json` as a PEFT adapter:
  * its adapter_config.json and adapter_model.safetensors. A folder that is an adapter itself
  * (no config.json) sends its two files alone, which the server refuses without its base
  * (`adapter_without_base`), as it refuses the CLI's. Takes the Files of a chosen folder or
