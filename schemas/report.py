@@ -342,6 +342,9 @@ class TargetResult(StrictModel):
         description="The same check run by the runtime's own generation loop on the "
         "artifact as delivered: for `onnx`, ONNX Runtime GenAI's `Generator` on the folder "
         "(`genai_config.json` beside `model.onnx`) when the worker has onnxruntime-genai; "
+        "for a decoder-only LLM's `executorch`, ExecuTorch's `TextLLMRunner` on `model.pte` "
+        "(fed the prompts' ids through a numbered tokenizer; each run compared up to the "
+        "first end-of-sequence token, where the runner stops); "
         "null otherwise.",
     )
     error: ErrorBody | None = Field(

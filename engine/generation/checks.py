@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -191,12 +191,16 @@ def _step(
     return step
 
 
-def checked(generation: Generation, generate: Generate) -> GenerationCheck:
+def checked(
+    generation: Generation, generate: Generate, stops: Collection[int] = ()
+) -> GenerationCheck:
     """`generate`'s tokens against eager transformers' for each of `generation`'s prompts,
     run in order (`Generation.prompts`): the first run in the check's own fields, the
-    others in `runs`; `matched` only when every run matched."""
+    others in `runs`; `matched` only when every run matched. A loop that ends a sequence
+    at one of `stops` (end-of-sequence tokens) is compared with eager's tokens up to and
+    including the first of them."""
     first, *others = generation.prompts()
-    references = [reference(generation, prompt) for prompt in (first, *others)]
+    references = [_until(reference(generation, prompt), stops) for prompt in (first, *others)]
     started = time.perf_counter()
     result = check(references[0], lambda: generate(first, references[0]), first.ids.shape[1])
     runs = []
@@ -225,6 +229,7 @@ def checked(generation: Generation, generate: Generate) -> GenerationCheck:
     ]
     return result.model_copy(
         update={
+            "max_new_tokens": generation.max_new_tokens,
             "prompt_ids": _ids(first.ids),
             "encoder_input_ids": _source_ids(first),
             "runs": runs,
@@ -235,6 +240,12 @@ def checked(generation: Generation, generate: Generate) -> GenerationCheck:
             "duration_s": time.perf_counter() - started,
         }
     )
+
+
+def _until(tokens: list[int], stops: Collection[int]) -> list[int]:
+    """`tokens` up to and including the first of `stops`."""
+    end = next((i for i, token in enumerate(tokens) if token in stops), len(tokens) - 1)
+    return tokens[: end + 1]
 
 
 def _noise(

@@ -118,12 +118,29 @@ class Generation:
         example = Prompt("example", self.prompt, source)
         return [example] if self.second is None else [example, self.second, example]
 
-    def runner_metadata(self) -> dict[str, Any]:
-        """The constant methods ExecuTorch's LLM runner reads from a `.pte`, as
-        `export_llama` and optimum-executorch write them."""
+    def token(self, name: str) -> int | list[int] | None:
+        """A special token id (`eos_token_id`, `bos_token_id`, …): the model's generation
+        config's, else its (text) config's."""
         config = getattr(self.model, "config", None)
         text = config.get_text_config() if config is not None else None
-        return {
+        for source in (getattr(self.model, "generation_config", None), text):
+            value = getattr(source, name, None)
+            if isinstance(value, int) or (isinstance(value, list) and value):
+                return value
+        return None
+
+    def eos_ids(self) -> list[int]:
+        """The end-of-sequence token ids a generation loop stops at (none known: [])."""
+        found = self.token("eos_token_id")
+        return [found] if isinstance(found, int) else [int(each) for each in found or []]
+
+    def runner_metadata(self) -> dict[str, Any]:
+        """The constant methods ExecuTorch's LLM runner reads from a `.pte`, as
+        `export_llama` and optimum-executorch write them (`get_bos_id`, `get_eos_ids`
+        where the model's configs name them: the runner stops at those tokens)."""
+        config = getattr(self.model, "config", None)
+        text = config.get_text_config() if config is not None else None
+        found: dict[str, Any] = {
             "get_max_seq_len": self.max_cache_len,
             "get_max_context_len": self.max_cache_len,
             "get_n_layers": int(getattr(text, "num_hidden_layers", 0) or 0),
@@ -132,6 +149,12 @@ class Generation:
             "use_sdpa_with_kv_cache": False,
             "enable_dynamic_shape": True,
         }
+        bos = self.token("bos_token_id")
+        if isinstance(bos, int):
+            found["get_bos_id"] = bos
+        if self.eos_ids():
+            found["get_eos_ids"] = self.eos_ids()
+        return found
 
 
 class _BoundedLM(torch.nn.Module):

@@ -11,7 +11,8 @@ ships (`executorch/data/bin/flatc`; `$FLATC_EXECUTABLE` or `flatc` on PATH when 
 package has none), reading and writing temporary schema and JSON files in `$TMPDIR`;
 then `path`. Loading and running execute nothing. A call the runtime refuses is repeated
 once with its log caught (`sys.stderr`, and fd 2 on a temporary file in `$TMPDIR`): the
-error names the bound the log says it met.
+error names the bound the log says it met. A generation-ready LLM's `.pte` is run again in
+ExecuTorch's own LLM runner (`engine.targets.executorch_llm`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from engine.targets.executorch_llm import runtime_generation
 from engine.targets.interface import Conversion, TargetJob
 from schemas import ExportOptions, VerifyOptions
 
@@ -49,6 +51,7 @@ __all__ = [
     "notes",
     "prepare",
     "runtime",
+    "runtime_generation",
     "tolerances",
 ]
 

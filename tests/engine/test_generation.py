@@ -63,6 +63,16 @@ def qwen3(tmp_path: Path) -> Path:
     return saved_lm(tmp_path, "qwen3")
 
 
+def runtime_mismatch(target: Any) -> None:
+    """`target` failed on its first token in its runtime's own generation loop."""
+    assert target.status == "failed"
+    assert target.error is not None and target.error.code == "target_failed"
+    assert target.error.details["reason"] == "generation_mismatch"
+    assert target.error.details["runtime"] is True
+    assert target.error.details["first_mismatch"] == 0
+    assert target.runtime_generation is not None and target.runtime_generation.passed is False
+
+
 def test_a_llama_checkpoint_exports_with_a_static_cache_and_generates(tmp_path: Path) -> None:
     archive = zip_directory(llama(tmp_path), tmp_path / "llama.zip", folder=None)
     result = export(tmp_path, archive, {"task": "text-generation"})
@@ -247,6 +257,10 @@ def _target_generation(tmp_path: Path, directory: Path) -> dict[str, Any]:
         assert target.generation.expected == report.generation.check.expected
         # the second prompt and the restart ran on the loaded artifact too
         assert target.generation.runs == report.generation.check.runs, name
+    # each runtime's own generation loop on the artifacts as delivered
+    for name in ("onnx", "executorch"):
+        in_runtime = report.targets[name].runtime_generation
+        assert in_runtime is not None and in_runtime.passed is True, name
     # decode steps timed where the cache is program state (not ONNX's: it takes the cache)
     assert report.profile is not None
     size = report.generation.max_cache_len

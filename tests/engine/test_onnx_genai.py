@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.engine.test_checkpoints import export, zip_directory
-from tests.engine.test_generation import TEXT_GENERATION, llama, qwen3
+from tests.engine.test_generation import TEXT_GENERATION, llama, qwen3, runtime_mismatch
 
 og = pytest.importorskip("onnxruntime_genai")
 pytestmark = pytest.mark.slow  # ONNX conversions of generation-ready LLMs
@@ -73,10 +73,4 @@ def test_tokens_that_differ_in_the_runtime_fail_the_target(
 
     monkeypatch.setattr(genai, "generate", shifted)
     report = _export(tmp_path, "llama").report
-    target = report.targets["onnx"]
-    assert target.status == "failed"
-    assert target.error is not None and target.error.code == "target_failed"
-    assert target.error.details["reason"] == "generation_mismatch"
-    assert target.error.details["runtime"] is True
-    assert target.error.details["first_mismatch"] == 0
-    assert target.runtime_generation is not None and target.runtime_generation.passed is False
+    runtime_mismatch(report.targets["onnx"])

@@ -48,13 +48,13 @@ def config(generation: Generation, with_past: PastProgram, filename: str) -> dic
         "past_key_names": "past_key_values.%d.key",
         "past_value_names": "past_key_values.%d.value",
     }
-    eos = _token(text, generation.model, "eos_token_id")
-    pad = _token(text, generation.model, "pad_token_id")
+    eos = generation.token("eos_token_id")
+    pad = generation.token("pad_token_id")
     context = int(getattr(text, "max_position_embeddings", 0) or generation.max_cache_len)
     return {
         "model": {
             "type": "decoder",
-            "bos_token_id": _token(text, generation.model, "bos_token_id") or 0,
+            "bos_token_id": generation.token("bos_token_id") or 0,
             "eos_token_id": eos if eos is not None else 0,  # ONNX Runtime GenAI needs one
             "pad_token_id": pad if pad is not None else (eos if isinstance(eos, int) else 0),
             "vocab_size": int(getattr(text, "vocab_size", 0) or 0),
@@ -146,12 +146,3 @@ def runtime_generation(
 def _text_config(model: Any) -> Any:
     config = getattr(model, "config", None)
     return config.get_text_config() if config is not None else None
-
-
-def _token(text: Any, model: Any, name: str) -> int | list[int] | None:
-    """A special token id: the generation config's, else the model config's."""
-    for source in (getattr(model, "generation_config", None), text):
-        value = getattr(source, name, None)
-        if isinstance(value, int) or (isinstance(value, list) and value):
-            return value
-    return None
