@@ -231,13 +231,16 @@ def test_int8_is_calibrated_on_the_uploaded_samples(tmp_path: Path) -> None:
     assert good_entry.passed is True and good_entry.cosine is not None
     assert good_entry.cosine >= 0.99
     assert "missed the budget" not in (good_entry.method or "")  # the full static int8
-    # Calibrated on the tiny samples, the artifact is worse on the verification samples.
-    # Whether the full static int8 already misses the budget on the tiny samples it is
-    # checked on (then a fallback is used, and the method says so) varies between machines
-    # with the same packages; either way the job does not call it accurate.
-    assert bad_entry.cosine is not None and bad_entry.cosine < good_entry.cosine
+    assert "missed the budget" not in (default.quantization.targets["onnx"].method or "")
+    # Calibrated on the tiny samples, the full static int8 is worse: either it already
+    # misses the budget where the job checks it (a fallback that needs no calibration is
+    # used then, and the method says so), or the artifact is worse than the well
+    # calibrated one on the verification samples and not called accurate. Which of the two
+    # varies between machines with the same packages; the default samples never do either.
     fell_back = "the full int8 missed the budget" in (bad_entry.method or "")
-    assert fell_back or bad_entry.passed is False
+    assert bad_entry.cosine is not None
+    if not fell_back:
+        assert bad_entry.cosine < good_entry.cosine and bad_entry.passed is False
 
 
 def test_an_uploaded_sample_the_program_cannot_take_fails_the_job(tmp_path: Path) -> None:
