@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from real_checkpoints import LLAMA_245M  # noqa: E402  (a script beside this one)
+
 STAGES = ("loading", "tracing", "decomposing", "verifying", "serializing", "converting")
 
 TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -144,15 +147,7 @@ REAL: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "llama-250m": (
         "LlamaConfig",
         "LlamaForCausalLM",
-        {
-            "vocab_size": 32000,
-            "hidden_size": 1024,
-            "intermediate_size": 2816,
-            "num_hidden_layers": 14,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 16,
-            "max_position_embeddings": 2048,
-        },
+        {**LLAMA_245M, "max_position_embeddings": 2048},
         "text-generation",
     ),
     "vit-86m": ("ViTConfig", "ViTForImageClassification", {}, "image-classification"),
@@ -334,7 +329,6 @@ def real_size(
             if config_class:
                 count = _save(directory, config_class, model_class, config)
             else:  # a real-size bfloat16 checkpoint, drawn straight into its shards
-                sys.path.insert(0, str(ROOT / "bench"))
                 from real_checkpoints import write
 
                 count = write(model_class, directory)

@@ -3,6 +3,7 @@ device (no memory, no init), then each tensor is drawn in the target dtype and w
 straight into safetensors shards of at most 2 GB with their index, as `save_pretrained`
 lays them out (tied weights saved once).
 
+    python bench/real_checkpoints.py llama-245m DIR # 245M, float32, 0.98 GB
     python bench/real_checkpoints.py llama-1b DIR   # 1.24B, bfloat16, 2.47 GB
     python bench/real_checkpoints.py llama-3b DIR   # 3.2B, bfloat16, 6.4 GB
 
@@ -35,21 +36,36 @@ LLAMA_3B = {
     "num_hidden_layers": 28,
     "num_attention_heads": 24,
 }
+LLAMA_245M = {
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 14,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
 MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama-245m": ("LlamaConfig", "LlamaForCausalLM", LLAMA_245M),
     "llama-1b": ("LlamaConfig", "LlamaForCausalLM", LLAMA_1B),
     "llama-3b": ("LlamaConfig", "LlamaForCausalLM", LLAMA_3B),
 }
 SHARD_BYTES = 2 * 10**9
 
 
-def write(name: str, directory: Path, dtype: str = "bfloat16") -> int:
-    """Write model `name`'s checkpoint under `directory`; the parameter count."""
+def write(name: str, directory: Path) -> int:
+    """Write model `name`'s checkpoint under `directory` in its `torch_dtype`; the
+    parameter count."""
     import torch
     import transformers
     from safetensors.torch import save_file
 
     config_class, model_class, fields = MODELS[name]
+    dtype = fields["torch_dtype"]
     config = getattr(transformers, config_class)(**fields)
+    config.architectures = [model_class]  # as from_pretrained's save writes it
     with torch.device("meta"):
         model = getattr(transformers, model_class)(config)
     directory.mkdir(parents=True, exist_ok=True)
