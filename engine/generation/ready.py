@@ -152,8 +152,9 @@ class Generation:
         bos = self.token("bos_token_id")
         if isinstance(bos, int):
             found["get_bos_id"] = bos
-        if self.eos_ids():
-            found["get_eos_ids"] = self.eos_ids()
+        eos = self.eos_ids()
+        if eos:
+            found["get_eos_ids"] = eos
         return found
 
 
