@@ -48,6 +48,7 @@ from schemas.job import (
 from schemas.options import (
     AotiOptions,
     DecompositionOptions,
+    ExecutorchOptions,
     ExportOptions,
     GenerationOptions,
     OnnxOptions,
@@ -121,6 +122,7 @@ __all__ = [
     "ErrorBody",
     "ErrorCode",
     "ErrorSummary",
+    "ExecutorchOptions",
     "ExportOptions",
     "GenerationCheck",
     "GenerationOptions",

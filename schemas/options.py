@@ -180,6 +180,20 @@ class OnnxOptions(StrictModel):
     )
 
 
+class ExecutorchOptions(StrictModel):
+    """How the ExecuTorch program (target `executorch`) is lowered."""
+
+    custom_ops: bool = Field(
+        default=True,
+        description="A generation-ready LLM's attention through ExecuTorch's LLM custom ops "
+        "(`llama::update_cache`, `llama::custom_sdpa`: attention over the filled part of "
+        "the cache only, as `export_llm` and optimum-executorch lower it; the runtime must "
+        "have their kernels, as ExecuTorch's LLM runners do), where they fit the model; "
+        "false: the recipe's attention over the whole cache in standard ops, which any "
+        "ExecuTorch runtime with XNNPACK runs.",
+    )
+
+
 class ProfileOptions(StrictModel):
     """Profiles of the job's artifacts on the worker (`report.profile`)."""
 
@@ -313,6 +327,7 @@ class ExportOptions(StrictModel):
     )
     aoti: AotiOptions = Field(default_factory=AotiOptions)
     onnx: OnnxOptions = Field(default_factory=OnnxOptions)
+    executorch: ExecutorchOptions = Field(default_factory=ExecutorchOptions)
     generation: GenerationOptions = Field(
         default_factory=GenerationOptions,
         description="For a `text-generation` checkpoint: the KV cache and the verification "

@@ -90,7 +90,6 @@ class Quantizing:
         not decomposed: PT2E's for ExecuTorch's `int8` / `int8_dynamic`, else torchao's
         (AOTInductor's `int8_dynamic` too)."""
         method = self._method(target)
-        float32 = method == "torchao-float32"
         if method not in self._programs:
             if method == "pt2e":
                 from engine.quantization import pt2e
@@ -106,19 +105,38 @@ class Quantizing:
                     fallbacks=self.fallbacks.setdefault(target, []),
                 )
             else:
-                from engine.quantization import linears
-
-                self._programs[method] = linears.quantize(
-                    self.pristine,  # linears.quantize quantizes its own copy
-                    self.args,
-                    self.kwargs,
-                    scheme=self.scheme,
-                    group_size=self.options.group_size,
-                    dynamic_shapes=self.dynamic_shapes,
-                    strict=self.strict,
-                    float32=float32,
-                )
+                self._programs[method] = self._torchao(self.pristine, method)
         return self._programs[method]
+
+    def form_program(self, target: str, module: torch.nn.Module) -> torch.export.ExportedProgram:
+        """The torchao-quantized program of `module`, `target`'s own form of the model
+        (ExecuTorch's custom-op attention), made like `program`'s from `pristine` and kept
+        until `target` is converted. Not for the PT2E schemes (they quantize `traced`)."""
+        method = self._method(target)
+        assert method != "pt2e", "PT2E quantizes the traced program, not a form of it"
+        key = f"{method}:{target}"
+        if key not in self._programs:
+            self._programs[key] = self._torchao(module, method)
+        return self._programs[key]
+
+    def _torchao(self, module: torch.nn.Module, method: str) -> torch.export.ExportedProgram:
+        """A copy of `module` with its linears quantized by torchao, exported."""
+        from engine.quantization import linears
+
+        return linears.quantize(
+            module,  # linears.quantize quantizes its own copy
+            self.args,
+            self.kwargs,
+            scheme=self.scheme,
+            group_size=self.options.group_size,
+            dynamic_shapes=self.dynamic_shapes,
+            strict=self.strict,
+            float32=method == "torchao-float32",
+        )
+
+    def widens(self, target: str) -> bool:
+        """Whether `target`'s program computes in float32 though the model does not."""
+        return self._method(target) == "torchao-float32"
 
     def _method(self, target: str) -> str:
         """How `target`'s program is quantized: `pt2e`, `torchao` or `torchao-float32`

@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from engine.targets import executorch_attention
 from engine.targets.executorch_llm import runtime_generation
 from engine.targets.interface import Conversion, TargetJob
 from schemas import ExportOptions, VerifyOptions
@@ -76,14 +78,54 @@ def prepare(job: TargetJob) -> Conversion:
     the decoder as `text_decoder` and the encoder as a second method."""
     from engine.targets import encoders
 
-    source = job.quantizing.program("executorch") if job.quantizing is not None else job.traced
+    source = None
     settings: dict[str, Any] = {}
+    started = time.perf_counter()
+    if job.generation is not None and job.generation.encoder is None:
+        if job.options.executorch.custom_ops:
+            source, settings["attention"] = _custom_attention(job)
+        else:
+            settings["attention"] = "executorch.custom_ops is false"
+    if source is None:
+        quantizing = job.quantizing
+        source = quantizing.program("executorch") if quantizing is not None else job.traced
+    settings["phases"] = {"program": time.perf_counter() - started}
     if job.generation is not None:
         settings["constant_methods"] = job.generation.runner_metadata()
         if job.generation.encoder is not None:
             settings.update(encoders.executorch_settings(job.generation.encoder))
     settings.update(job.overrides)
     return Conversion(source, job.args, job.kwargs, settings)
+
+
+def _custom_attention(job: TargetJob) -> tuple[torch.export.ExportedProgram | None, str]:
+    """A generation-ready LLM's program in ExecuTorch's custom-op form
+    (`executorch_attention`), and `ATTENTION`; else None and why it keeps the recipe's
+    attention."""
+    from engine.quantization import PT2E_SCHEMES
+    from engine.verify.precision import reduced_model
+
+    quantizing, wrapper = job.quantizing, job.pristine
+    if quantizing is not None and quantizing.scheme in PT2E_SCHEMES:
+        return None, f"{quantizing.scheme} quantizes the recipe's program (PT2E)"
+    widened = quantizing is not None and quantizing.widens("executorch")
+    why = executorch_attention.unsuited(wrapper, not reduced_model(wrapper) or widened)
+    if why is not None:
+        return None, why
+    assert job.generation is not None
+    try:
+        module = executorch_attention.form(wrapper)
+        if quantizing is not None:
+            program = quantizing.form_program("executorch", module)
+        else:
+            program = executorch_attention.export(module, job.kwargs, job.generation.max_cache_len)
+    except Exception as exc:  # the recipe's form is still there: a note, not a failure
+        return None, f"the custom-op form did not export ({type(exc).__name__}: {exc})"[:400]
+    layers = len(getattr(wrapper, "static_cache").layers)  # noqa: B009 (a Module attribute)
+    found = executorch_attention.lowered_attention(program)
+    if found != layers:
+        return None, f"{found} of {layers} layers' attention went through llama::custom_sdpa"
+    return program, executorch_attention.ATTENTION
 
 
 def loading(settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +159,8 @@ def convert(
     constant_methods: dict[str, Any] | None = None,
     method: str = "forward",
     extra_methods: Mapping[str, torch.export.ExportedProgram] | None = None,
+    attention: str | None = None,
+    phases: dict[str, float] | None = None,
 ) -> Path:
     """Lower `program` to ExecuTorch with XNNPACK and write the `.pte` to `path`.
 
@@ -133,6 +177,10 @@ def convert(
         extra_methods: more programs, each a method of the same `.pte` (an
             encoder-decoder model's `encoder` beside its `text_decoder`, as ExecuTorch's
             ASR runner and optimum-executorch name them).
+        attention: a generation-ready LLM's: `executorch_attention.ATTENTION` when
+            `program` is the custom-op form, else why not (`facts["attention"]`).
+        phases: seconds spent before (`program`: making the program lowered here);
+            `facts["phases_s"]` adds the lowering's own.
 
     Returns:
         `path`.
@@ -154,8 +202,13 @@ def convert(
             "executorch out of targets.",
             details={"unbounded": unbounded},
         )
+    if facts is not None and attention is not None:
+        used = attention == executorch_attention.ATTENTION
+        facts["attention"] = "llama::custom_sdpa" if used else "recipe"
+        if not used:
+            facts["attention_reason"] = attention
     try:
-        _lower(programs, path, facts, constant_methods)
+        _lower(programs, path, facts, constant_methods, dict(phases or {}))
     finally:  # failed or not: the lowered programs are not kept
         _forget_programs()
     return path
@@ -166,8 +219,10 @@ def _lower(
     path: Path,
     facts: dict[str, Any] | None,
     constant_methods: dict[str, Any] | None,
+    phases: dict[str, float],
 ) -> None:
-    """`programs`, each a method, lowered with XNNPACK and written to `path`."""
+    """`programs`, each a method, lowered with XNNPACK and written to `path`; the seconds
+    of each phase added to `phases` (`facts["phases_s"]`)."""
     with _quiet_torchao():
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
             XnnpackPartitioner,
@@ -175,11 +230,13 @@ def _lower(
         from executorch.exir import to_edge_transform_and_lower
         from executorch.version import __version__
 
+    started = time.perf_counter()
     edge = to_edge_transform_and_lower(
         programs if len(programs) > 1 else next(iter(programs.values())),
         partitioner=[XnnpackPartitioner()],
         constant_methods=constant_methods,
     )
+    phases["to_edge_transform_and_lower"] = time.perf_counter() - started
     if facts is not None:
         delegated, portable = 0, dict[str, int]()
         for name in programs:
@@ -192,9 +249,15 @@ def _lower(
             facts["methods"] = list(programs)
         if constant_methods:
             facts["constant_methods"] = dict(constant_methods)
+    started = time.perf_counter()
     lowered = edge.to_executorch()
+    phases["to_executorch"] = time.perf_counter() - started
+    started = time.perf_counter()
     with path.open("wb") as handle:
         lowered.write_to_file(handle)
+    phases["write"] = time.perf_counter() - started
+    if facts is not None:
+        facts["phases_s"] = {name: round(seconds, 3) for name, seconds in phases.items()}
 
 
 def _forget_programs() -> None:
@@ -248,6 +311,7 @@ def load(
     """
     from executorch.runtime import Runtime
 
+    executorch_attention.load_kernels()
     if threads is not None:
         from executorch.extension.pybindings import portable_lib
 
@@ -340,6 +404,18 @@ def notes(facts: dict[str, Any]) -> list[str]:
         found[-1] += "; ExecuTorch's portable kernels run " + ", ".join(sorted(portable)) + "."
     else:
         found[-1] += "; no op is left to the portable kernels."
+    if facts.get("attention") == "llama::custom_sdpa":
+        found.append(
+            "Attention runs ExecuTorch's LLM ops: llama::update_cache writes each step's keys "
+            "and values, llama::custom_sdpa attends over the filled positions only; the "
+            "runtime needs their kernels (ExecuTorch's LLM runners link them; Python: import "
+            "executorch.extension.llm.custom_ops)."
+        )
+    elif facts.get("attention") == "recipe":
+        found.append(
+            "Attention is transformers' static-cache recipe, over the whole cache at every "
+            f"step: {facts.get('attention_reason')}."
+        )
     return found
 
 
@@ -371,6 +447,8 @@ def _partition(program: torch.export.ExportedProgram) -> tuple[int, dict[str, in
         if node.op != "call_function":
             continue
         name = getattr(node.target, "__name__", str(node.target))
+        if name.startswith("auto_functionalized"):  # run in place: the op it wraps
+            name = str(node.args[0])
         if _DELEGATE in name:
             delegated += 1
         elif name != "getitem":

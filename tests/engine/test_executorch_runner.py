@@ -75,6 +75,15 @@ def test_the_pte_generates_eagers_tokens_in_textllmrunner(tmp_path: Path, kind: 
     result = _export(tmp_path, kind)
     target = result.report.targets["executorch"]
     assert target.status == "succeeded", target.error
+    # attention through ExecuTorch's LLM ops, which the runner has the kernels of
+    assert target.details["attention"] == "llama::custom_sdpa"
+    assert target.details["portable_ops"]["llama.custom_sdpa.default"] == 2
+    assert target.details["portable_ops"]["llama.update_cache.default"] == 4
+    phases = target.details["phases_s"]
+    assert list(phases) == ["program", "to_edge_transform_and_lower", "to_executorch", "write"]
+    assert phases["program"] > 0 and phases["to_edge_transform_and_lower"] > 0
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert sum(phases.values()) < target.duration_s
     # the runner's special tokens where the config names them (Llama's; Qwen3's has none)
     metadata = target.details["constant_methods"]
     special = {"get_bos_id": 1, "get_eos_ids": [2]} if kind == "llama" else {}

@@ -330,6 +330,7 @@ def test_8da4w_on_a_generation_ready_llama_compares_greedy_tokens(
     assert report.generation is not None and report.generation.check is not None
     pte = report.targets["executorch"]
     assert pte.status == "succeeded", pte.error
+    assert pte.details["attention"] == "llama::custom_sdpa"  # widened: float32 attention
     assert report.quantization is not None and report.quantization.group_size == 32
     entry = report.quantization.targets["executorch"]
     assert entry.measured is True and entry.generation is not None

@@ -1,0 +1,245 @@
+"""The ExecuTorch form of a generation-ready LLM: attention through ExecuTorch's own LLM
+ops, over the filled part of the cache only.
+
+transformers' static-cache recipe writes each step's keys and values with `index_copy_`
+and attends over the whole cache under a mask: a decode step at position 64 of a 1024-token
+cache reads and multiplies all 1024 positions of every layer. ExecuTorch's LLM custom ops
+(`executorch.extension.llm.custom_ops`, the ops `export_llm` and optimum-executorch lower
+with) do neither: `llama::update_cache` writes the new positions in place and
+`llama::custom_sdpa` attends causally over positions `0 … start + n - 1` only, with
+grouped-query heads as they are (no repeated keys). Both read the cache as `[batch,
+position, heads, head_dim]`.
+
+`form` makes that form from the job's eager wrapper: a copy that shares its weights, whose
+cache layers hold `[batch, position, heads, head_dim]` buffers written by
+`llama::update_cache`, whose attention is `llama::custom_sdpa` (a transformers attention
+function registered under `ATTENTION`, with no mask: the op is causal itself), and whose
+`forward` reads the start position once (`cache_position[0]`) for every layer. The
+program keeps the wrapper's inputs (`input_ids`, `cache_position`), outputs and metadata,
+so the runner and the checks see no difference; the `.pte` is verified against the eager
+model as the other form is. A model the ops do not fit keeps the recipe's form, and the
+report says why (`unsuited`): sliding-window, chunked or soft-capped attention, attention
+sinks, a cache other than transformers' plain static one, a model computing in a reduced
+precision (the op computes in float32), or a program whose attention did not all go
+through the op.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, cast
+
+import torch
+
+from engine.load import module_copies
+
+__all__ = ["ATTENTION", "export", "form", "load_kernels", "lowered_attention", "unsuited"]
+
+ATTENTION = "torchport_executorch_sdpa"
+"""The transformers attention (and mask) function name of the form."""
+CUSTOM_OPS = "executorch.extension.llm.custom_ops.custom_ops"
+"""The module that registers the ops (and loads their kernels into the runtime)."""
+SDPA = "llama.custom_sdpa"
+"""What `lowered_attention` counts in a program."""
+
+
+class _Position:
+    """The start position of the current call, shared by a form's layers and attention."""
+
+    start: Any = 0
+
+
+def _sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface over `llama::custom_sdpa`, on the module's cache
+    layer's buffers themselves: `key` and `value` are views of them (`_update`), and
+    transposing those back would lower to a copy of the whole cache at every call."""
+    layer: Any = module.torchport_layer
+    start = layer.torchport_position.start
+    out = torch.ops.llama.custom_sdpa(
+        query.transpose(1, 2), layer.keys, layer.values, start, None, 0.0, True, scaling
+    )
+    return out, None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The form's mask function: none (the op is causal over the filled positions)."""
+    return None
+
+
+def _update(
+    layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`StaticLayer.update` of the form: the layer's buffers are `[batch, position, heads,
+    head_dim]`, written by `llama::update_cache` at the call's start position; returned as
+    `[batch, heads, position, head_dim]` views, as transformers' layers give them."""
+    start = layer.torchport_position.start
+    torch.ops.llama.update_cache(key_states.transpose(1, 2), layer.keys, start)
+    torch.ops.llama.update_cache(value_states.transpose(1, 2), layer.values, start)
+    return layer.keys.transpose(1, 2), layer.values.transpose(1, 2)
+
+
+class _StartsOnce(torch.nn.Module):
+    """The wrapper of the form: reads `cache_position[0]` once, bounded for the ops.
+
+    The position is gathered from `torchport_positions` (`0 … max_cache_len - 1`) before
+    it is read: ExecuTorch removes the program's checks when it lowers, and ExecuTorch
+    1.4.1's `update_cache` refuses a start past the cache but writes a negative one before
+    its buffer; its `gather` refuses both (error `0x12`)."""
+
+    torchport_max_cache_len: int
+    torchport_position: _Position
+    torchport_positions: torch.Tensor
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache_position: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert cache_position is not None, "the static cache needs cache_position"
+        start = torch.gather(self.torchport_positions, 0, cache_position[:1]).item()
+        new = (input_ids if input_ids is not None else inputs_embeds).shape[1]  # type: ignore[union-attr]
+        torch._check(start >= 0)
+        torch._check(start + new <= self.torchport_max_cache_len)
+        self.torchport_position.start = start
+        out: torch.Tensor = super().forward(
+            input_ids=input_ids, inputs_embeds=inputs_embeds, cache_position=cache_position
+        )
+        return out
+
+
+_CLASSES: dict[tuple[type, type | None], type] = {}
+
+
+def _subclass(cls: type, mixin: type | None = None, **namespace: Any) -> type:
+    """A subclass of `cls` (one per class), after `mixin` or with `namespace`, for a
+    `__class__` swap as `ready.bound_cache` makes (a cache layer takes no mixin: its
+    instance layout would change)."""
+    if (cls, mixin) not in _CLASSES:
+        bases = (cls,) if mixin is None else (mixin, cls)
+        name = f"ExecuTorch{cls.__name__}"
+        _CLASSES[cls, mixin] = type(name, bases, {"__module__": __name__, **namespace})
+    return _CLASSES[cls, mixin]
+
+
+def load_kernels() -> bool:
+    """Register the ops and load their kernels into the ExecuTorch runtime of this
+    process (a `.pte` of the form needs them); whether they are there."""
+    try:
+        importlib.import_module(CUSTOM_OPS)
+    except (ImportError, OSError):
+        return False
+    return hasattr(torch.ops.llama, "custom_sdpa") and hasattr(torch.ops.llama, "update_cache")
+
+
+def _attention_modules(model: torch.nn.Module) -> list[Any]:
+    """The modules that call a transformers attention function: those with a `layer_idx`
+    and an `is_causal` flag."""
+    return [
+        each
+        for each in model.modules()
+        if hasattr(each, "layer_idx") and hasattr(each, "is_causal")
+    ]
+
+
+def unsuited(wrapper: torch.nn.Module, float32: bool) -> str | None:
+    """Why `wrapper` (a bounded decoder-only static-cache wrapper, `ready.bound_cache`)
+    keeps the recipe's attention in ExecuTorch, or None when the ops fit it. `float32`:
+    the program ExecuTorch lowers computes in float32 (the model does, or is widened)."""
+    from transformers.cache_utils import StaticLayer
+
+    cache = getattr(wrapper, "static_cache", None)
+    size = getattr(wrapper, "torchport_max_cache_len", None)
+    layers = getattr(cache, "layers", None)
+    model = getattr(wrapper, "model", None)
+    if not layers or model is None or size is None:
+        return "the wrapper has no plain static cache"
+    if any(type(layer) is not StaticLayer or layer.max_cache_len != size for layer in layers):
+        return "its cache layers are not all transformers' plain static layers"
+    config = model.config.get_text_config()
+    types = set(getattr(config, "layer_types", None) or ())
+    if types - {"full_attention"}:
+        return f"its layers attend otherwise too ({', '.join(sorted(types - {'full_attention'}))})"
+    window = getattr(config, "sliding_window", None)
+    if isinstance(window, int) and window < size and getattr(config, "use_sliding_window", True):
+        return f"its attention slides over {window} of the cache's {size} positions"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "its attention scores are soft-capped"
+    if getattr(config, "attention_chunk_size", None) is not None:
+        return "its attention is chunked"
+    attention = _attention_modules(model)
+    if len(attention) != len(layers):
+        return f"{len(attention)} attention modules for {len(layers)} cache layers"
+    if any(not each.is_causal or hasattr(each, "sinks") for each in attention):
+        return "its attention is not plain causal attention (sinks or bidirectional)"
+    if not float32:
+        return "the model computes in a reduced precision; ExecuTorch's custom SDPA, in float32"
+    if not load_kernels():
+        return "ExecuTorch's LLM custom ops are not installed"
+    return None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, _sdpa)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+def form(wrapper: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `wrapper` (sharing its weights) in the ops' form; `unsuited` is None."""
+    assert load_kernels(), "ExecuTorch's LLM custom ops are not installed"
+    _register()
+    copy = module_copies.sharing_weights(wrapper)
+    position = _Position()
+    copy.__class__ = _subclass(type(copy), _StartsOnce)
+    copy.torchport_position = position  # type: ignore[assignment]
+    size = cast(int, copy.torchport_max_cache_len)
+    copy.register_buffer("torchport_positions", torch.arange(size), persistent=False)
+    cache: Any = copy.static_cache
+    for index, layer in enumerate(cache.layers):
+        batch, heads, length, _ = layer.keys.shape
+        for attribute, prefix in (("keys", "key_cache_"), ("values", "value_cache_")):
+            old = getattr(layer, attribute)
+            buffer = torch.zeros(batch, length, heads, old.shape[-1], dtype=old.dtype)
+            setattr(layer, attribute, buffer)
+            copy._buffers[f"{prefix}{index}"] = buffer
+        layer.__class__ = _subclass(type(layer), update=_update)
+        layer.torchport_position = position
+    model: Any = copy.model
+    for module in _attention_modules(model):
+        module.torchport_layer = cache.layers[module.layer_idx]
+        module.config._attn_implementation = ATTENTION
+    model.config._attn_implementation = ATTENTION
+    return copy
+
+
+def export(
+    module: torch.nn.Module, kwargs: dict[str, Any], max_cache_len: int
+) -> torch.export.ExportedProgram:
+    """`module` (a `form`) exported non-strict on the example, the sequence dynamic."""
+    sequence = torch.export.Dim("sequence_length", min=1, max=max_cache_len)
+    return torch.export.export(
+        module,
+        (),
+        dict(kwargs),
+        dynamic_shapes={"input_ids": {1: sequence}, "cache_position": {0: sequence}},
+        strict=False,
+    )
+
+
+def lowered_attention(program: torch.export.ExportedProgram) -> int:
+    """How many `llama::custom_sdpa` calls `program` makes."""
+    return sum(
+        1 for node in program.graph.nodes if node.op == "call_function" and SDPA in str(node.target)
+    )
