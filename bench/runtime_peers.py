@@ -20,10 +20,11 @@ Per runtime and precision, both converters run on the checkpoint:
   an environment of its own (optimum-executorch 1.1.0 pins transformers 5.0.0rc1):
   `python3 -m venv PEER && PEER/bin/pip install torch==2.13.0 transformers==5.0.0rc1
   'optimum~=2.0.0' accelerate pandas parameterized coremltools omegaconf tiktoken kgb
-  scikit-learn ruamel.yaml tabulate flatbuffers && PEER/bin/pip install --no-deps
-  executorch==1.4.1 torchao==0.18.0 optimum-executorch==1.1.0 pytorch-tokenizers`. Both
-  timed by the ExecuTorch runtime's `forward` (`executorch.runtime`, with ExecuTorch's LLM
-  custom ops loaded for the peer's SDPA and cache ops).
+  scikit-learn ruamel.yaml tabulate flatbuffers sentencepiece && PEER/bin/pip install
+  --no-deps executorch==1.4.1 torchao==0.18.0 optimum-executorch==1.1.0
+  pytorch-tokenizers`. Both timed by the ExecuTorch runtime's `forward`
+  (`executorch.runtime`, with ExecuTorch's LLM custom ops loaded: both `.pte` files
+  attend through `llama::custom_sdpa`).
 
 torchport's `converting` is the target's own time (`report.targets.<t>.duration_s`:
 conversion, verification and the generation checks); a peer's is its wall time. Then,
@@ -175,7 +176,7 @@ def measure_executorch(folder: Path, short: int, long: int, steps: int) -> dict[
     """As `measure_onnx`, by the ExecuTorch runtime's `forward` on `folder/model.pte`
     (prompts over `CHUNK` tokens prefilled in chunks, the greedy pick included)."""
     import torch
-    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (the peer's ops)
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (the LLM ops)
     from executorch.runtime import Runtime
 
     program = Runtime.get().load_program(str(folder / "model.pte"))
