@@ -188,7 +188,8 @@ class ExecutorchOptions(StrictModel):
         description="A generation-ready LLM's attention through ExecuTorch's LLM custom ops "
         "(`llama::update_cache`, `llama::custom_sdpa`: attention over the filled part of "
         "the cache only, as `export_llm` and optimum-executorch lower it; the runtime must "
-        "have their kernels, as ExecuTorch's LLM runners do), where they fit the model; "
+        "have their kernels: in Python, import `executorch.extension.llm.custom_ops`), "
+        "where they fit the model; "
         "false: the recipe's attention over the whole cache in standard ops, which any "
         "ExecuTorch runtime with XNNPACK runs.",
     )

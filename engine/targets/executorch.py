@@ -408,8 +408,9 @@ def notes(facts: dict[str, Any]) -> list[str]:
         found.append(
             "Attention runs ExecuTorch's LLM ops: llama::update_cache writes each step's keys "
             "and values, llama::custom_sdpa attends over the filled positions only; the "
-            "runtime needs their kernels (ExecuTorch's LLM runners link them; Python: import "
-            "executorch.extension.llm.custom_ops)."
+            "runtime needs their kernels (Python: from executorch.extension.llm.custom_ops "
+            "import custom_ops, before loading it, TextLLMRunner included; C++: a runtime "
+            "built with them)."
         )
     elif facts.get("attention") == "recipe":
         found.append(

@@ -117,6 +117,9 @@ def runtime_generation(
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     from engine.generation.checks import checked
+    from engine.targets.executorch_attention import load_kernels
+
+    load_kernels()  # a `.pte` attending through ExecuTorch's LLM ops needs their kernels
 
     _checkpoint_tokenizer(path, notes)
     prompts = generation.prompts()
