@@ -103,7 +103,7 @@ def test_the_pte_generates_eagers_tokens_in_textllmrunner(tmp_path: Path, kind: 
         end = eager.index(2) + 1 if 2 in eager else len(eager)
         assert ran.expected == eager[:end] and ran.generated == eager[:end]
     assert [run.prompt for run in in_runtime.runs] == ["second", "example"]
-    said = [note for note in target.notes if "TextLLMRunner" in note]
+    said = [note for note in target.notes if note.startswith("ExecuTorch's TextLLMRunner")]
     if kind == "llama":  # the checkpoint's tokenizer came back and the runner loads it
         assert "tokenizer.json" in result.artifacts
         assert said == [
