@@ -33,6 +33,7 @@ __all__ = [
     "cache_len",
     "make_ready",
     "no_static_cache",
+    "subclass",
 ]
 
 PROMPT_TOKENS = 16
@@ -230,15 +231,23 @@ def _assert_in_cache(cache_position: torch.Tensor, size: int) -> None:
     torch._assert_async(inside, CACHE_BOUND_MESSAGE.format(last=size - 1, size=size))
 
 
-_BOUNDED: dict[tuple[type, type], type] = {}
-"""The bounded subclass made for each (wrapper class, mixin): one class per wrapper type."""
+_SUBCLASSES: dict[tuple[str, type, type | None], type] = {}
+"""The subclasses `subclass` made: one per (prefix, class, mixin)."""
 
 
-def _bounded_class(cls: type, mixin: type) -> type:
-    key = (cls, mixin)
-    if key not in _BOUNDED:
-        _BOUNDED[key] = type(f"Bounded{cls.__name__}", (mixin, cls), {"__module__": __name__})
-    return _BOUNDED[key]
+def subclass(
+    cls: type, mixin: type | None = None, *, prefix: str, module: str, **namespace: Any
+) -> type:
+    """A subclass of `cls` named `prefix` + its name, after `mixin` or with `namespace`,
+    made once per (prefix, class, mixin) and defined in `module`: what a `__class__` swap
+    gives an instance (its buffers and parameters keep their names). A cache layer takes
+    no mixin: its instance layout would change."""
+    key = (prefix, cls, mixin)
+    if key not in _SUBCLASSES:
+        bases = (cls,) if mixin is None else (mixin, cls)
+        namespace = {"__module__": module, **namespace}
+        _SUBCLASSES[key] = type(f"{prefix}{cls.__name__}", bases, namespace)
+    return _SUBCLASSES[key]
 
 
 def bound_cache(wrapper: torch.nn.Module, max_cache_len: int) -> torch.nn.Module:
@@ -253,7 +262,7 @@ def bound_cache(wrapper: torch.nn.Module, max_cache_len: int) -> torch.nn.Module
         parameter.requires_grad_(False)
     decoder = "decoder_input_ids" in _parameters(type(wrapper).forward)
     mixin = _BoundedDecoder if decoder else _BoundedLM
-    wrapper.__class__ = _bounded_class(type(wrapper), mixin)
+    wrapper.__class__ = subclass(type(wrapper), mixin, prefix="Bounded", module=__name__)
     cast(_BoundedLM | _BoundedDecoder, wrapper).torchport_max_cache_len = max_cache_len
     return wrapper
 

@@ -110,14 +110,12 @@ class Quantizing:
 
     def form_program(self, target: str, module: torch.nn.Module) -> torch.export.ExportedProgram:
         """The torchao-quantized program of `module`, `target`'s own form of the model
-        (ExecuTorch's custom-op attention), made like `program`'s from `pristine` and kept
-        until `target` is converted. Not for the PT2E schemes (they quantize `traced`)."""
+        (ExecuTorch's custom-op attention), made like `program`'s from `pristine` and not
+        kept: the caller holds it, so a form the target refuses is freed at once. Not
+        for the PT2E schemes (they quantize `traced`)."""
         method = self._method(target)
         assert method != "pt2e", "PT2E quantizes the traced program, not a form of it"
-        key = f"{method}:{target}"
-        if key not in self._programs:
-            self._programs[key] = self._torchao(module, method)
-        return self._programs[key]
+        return self._torchao(module, method)
 
     def _torchao(self, module: torch.nn.Module, method: str) -> torch.export.ExportedProgram:
         """A copy of `module` with its linears quantized by torchao, exported."""

@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import torch
 
+from engine.generation.ready import subclass
 from engine.load import module_copies
 
 __all__ = ["ATTENTION", "export", "form", "load_kernels", "lowered_attention", "unsuited"]
@@ -117,20 +118,6 @@ class _StartsOnce(torch.nn.Module):
         return out
 
 
-_CLASSES: dict[tuple[type, type | None], type] = {}
-
-
-def _subclass(cls: type, mixin: type | None = None, **namespace: Any) -> type:
-    """A subclass of `cls` (one per class), after `mixin` or with `namespace`, for a
-    `__class__` swap as `ready.bound_cache` makes (a cache layer takes no mixin: its
-    instance layout would change)."""
-    if (cls, mixin) not in _CLASSES:
-        bases = (cls,) if mixin is None else (mixin, cls)
-        name = f"ExecuTorch{cls.__name__}"
-        _CLASSES[cls, mixin] = type(name, bases, {"__module__": __name__, **namespace})
-    return _CLASSES[cls, mixin]
-
-
 def load_kernels() -> bool:
     """Register the ops and load their kernels into the ExecuTorch runtime of this
     process (a `.pte` of the form needs them); whether they are there."""
@@ -202,7 +189,7 @@ def form(wrapper: torch.nn.Module) -> torch.nn.Module:
     _register()
     copy = module_copies.sharing_weights(wrapper)
     position = _Position()
-    copy.__class__ = _subclass(type(copy), _StartsOnce)
+    copy.__class__ = subclass(type(copy), _StartsOnce, prefix="ExecuTorch", module=__name__)
     copy.torchport_position = position  # type: ignore[assignment]
     size = cast(int, copy.torchport_max_cache_len)
     copy.register_buffer("torchport_positions", torch.arange(size), persistent=False)
@@ -214,7 +201,9 @@ def form(wrapper: torch.nn.Module) -> torch.nn.Module:
             buffer = torch.zeros(batch, length, heads, old.shape[-1], dtype=old.dtype)
             setattr(layer, attribute, buffer)
             copy._buffers[f"{prefix}{index}"] = buffer
-        layer.__class__ = _subclass(type(layer), update=_update)
+        layer.__class__ = subclass(
+            type(layer), prefix="ExecuTorch", module=__name__, update=_update
+        )
         layer.torchport_position = position
     model: Any = copy.model
     for module in _attention_modules(model):
