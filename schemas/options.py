@@ -178,6 +178,15 @@ class OnnxOptions(StrictModel):
         "they exceed 1.5 GB (protobuf cannot hold a model over 2 GB in one file), `true` "
         "always, `false` never (a model over 2 GB then fails).",
     )
+    custom_ops: bool = Field(
+        default=True,
+        description="A generation-ready decoder-only LLM's attention as ONNX Runtime's "
+        "`com.microsoft::GroupQueryAttention` node (one node per layer over the key/value "
+        "heads as they are, as ONNX Runtime GenAI's model builder writes it; its "
+        "`attention_mask` gives each row's length, new tokens last, and ONNX Runtime runs "
+        "new tokens after a past in batches of one), where it fits the model; false: "
+        "attention in standard ONNX ops, which any ONNX runtime runs, under any mask.",
+    )
 
 
 class ExecutorchOptions(StrictModel):

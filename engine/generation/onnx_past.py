@@ -30,12 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from engine.generation.greedy import parted
 from engine.generation.ready import Encoder, Generation, Prompt
 
 __all__ = [
+    "CacheReady",
     "DecoderWithPast",
+    "Form",
     "PastProgram",
     "WithPast",
     "WithPastNoPositions",
@@ -50,12 +53,21 @@ MAX_BATCH = 64
 FlatRunner = Callable[[tuple[Any, ...], dict[str, Any]], Sequence[Any]]
 
 
+CacheReady = Callable[[Any, torch.Tensor], None]
+"""What readies a call's cache for a form's attention (`Form`), given the call's
+`attention_mask`."""
+Form = Callable[[torch.nn.Module], tuple[torch.nn.Module, CacheReady]]
+"""A target's own form of the model (e.g. `engine.targets.onnx.attention.form`): a copy
+of it and what readies each call's cache for it."""
+
+
 class _Past(torch.nn.Module):
     """A transformers `model` whose cache goes in and out as plain tensors."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, ready: CacheReady | None = None) -> None:
         super().__init__()
         self.model = model
+        self.ready = ready
 
     def _cache(self, past_key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         """A `DynamicCache` holding `past_key_values`, layer by layer."""
@@ -101,10 +113,13 @@ def _with_past(
     position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     extra = {} if position_ids is None else {"position_ids": position_ids}
+    cache = wrapper._cache(past_key_values)
+    if wrapper.ready is not None:
+        wrapper.ready(cache, attention_mask)
     out = wrapper.model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        past_key_values=wrapper._cache(past_key_values),
+        past_key_values=cache,
         use_cache=True,
         **extra,
     )
@@ -153,6 +168,9 @@ class PastProgram:
 
     program: torch.export.ExportedProgram
     kwargs: dict[str, Any]
+    """The example the model is verified on: the traced one, or its first row for a form
+    whose attention takes new tokens after a past in batches of one only (ONNX Runtime's
+    GroupQueryAttention)."""
     input_names: list[str]
     output_names: list[str]
     dim_names: dict[str, str]
@@ -167,8 +185,9 @@ class PastProgram:
 
 
 @torch.no_grad()
-def past_program(generation: Generation) -> PastProgram:
-    """Trace the transformers model with its cache as inputs and outputs.
+def past_program(generation: Generation, form: Form | None = None) -> PastProgram:
+    """Trace the transformers model (a decoder-only one: in `form` when given) with its
+    cache as inputs and outputs.
 
     The example past comes from the model itself (a prefill of `EXAMPLE_PAST` tokens),
     so its number of layers, heads and head size are the model's.
@@ -202,7 +221,8 @@ def past_program(generation: Generation) -> PastProgram:
     if positions:
         shapes["position_ids"] = {0: batch, 1: sequence}
     shapes["past_key_values"] = [({0: batch, 2: past_length}, {0: batch, 2: past_length})] * layers
-    wrapper = WithPast(model) if positions else WithPastNoPositions(model)
+    traced, ready = (model, None) if form is None else form(model)
+    wrapper = (WithPast if positions else WithPastNoPositions)(traced, ready)
     program = torch.export.export(
         wrapper, (), kwargs, dynamic_shapes=shapes, strict=False
     ).run_decompositions()
@@ -213,6 +233,8 @@ def past_program(generation: Generation) -> PastProgram:
     ]
     names = _dim_names(program, first_past=3 if positions else 2)
     key = past[0][0]
+    if form is not None:
+        kwargs = pytree.tree_map(lambda leaf: leaf[:1].clone(), kwargs)
     return PastProgram(
         program,
         kwargs,

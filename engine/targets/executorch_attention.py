@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import torch
 
+from engine.generation import attention_forms
 from engine.generation.ready import subclass
 from engine.load import module_copies
 
@@ -69,11 +70,6 @@ def _sdpa(
         query.transpose(1, 2), layer.keys, layer.values, start, None, 0.0, True, scaling
     )
     return out, None
-
-
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The form's mask function: none (the op is causal over the filled positions)."""
-    return None
 
 
 def _update(
@@ -128,16 +124,6 @@ def load_kernels() -> bool:
     return hasattr(torch.ops.llama, "custom_sdpa") and hasattr(torch.ops.llama, "update_cache")
 
 
-def _attention_modules(model: torch.nn.Module) -> list[Any]:
-    """The modules that call a transformers attention function: those with a `layer_idx`
-    and an `is_causal` flag."""
-    return [
-        each
-        for each in model.modules()
-        if hasattr(each, "layer_idx") and hasattr(each, "is_causal")
-    ]
-
-
 def unsuited(wrapper: torch.nn.Module, float32: bool) -> str | None:
     """Why `wrapper` (a bounded decoder-only static-cache wrapper, `ready.bound_cache`)
     keeps the recipe's attention in ExecuTorch, or None when the ops fit it. `float32`:
@@ -152,22 +138,12 @@ def unsuited(wrapper: torch.nn.Module, float32: bool) -> str | None:
         return "the wrapper has no plain static cache"
     if any(type(layer) is not StaticLayer or layer.max_cache_len != size for layer in layers):
         return "its cache layers are not all transformers' plain static layers"
-    config = model.config.get_text_config()
-    types = set(getattr(config, "layer_types", None) or ())
-    if types - {"full_attention"}:
-        return f"its layers attend otherwise too ({', '.join(sorted(types - {'full_attention'}))})"
-    window = getattr(config, "sliding_window", None)
-    if isinstance(window, int) and window < size and getattr(config, "use_sliding_window", True):
-        return f"its attention slides over {window} of the cache's {size} positions"
-    if getattr(config, "attn_logit_softcapping", None) is not None:
-        return "its attention scores are soft-capped"
-    if getattr(config, "attention_chunk_size", None) is not None:
-        return "its attention is chunked"
-    attention = _attention_modules(model)
-    if len(attention) != len(layers):
-        return f"{len(attention)} attention modules for {len(layers)} cache layers"
-    if any(not each.is_causal or hasattr(each, "sinks") for each in attention):
-        return "its attention is not plain causal attention (sinks or bidirectional)"
+    why = attention_forms.unplain(model, window_below=size)
+    if why is not None:
+        return why
+    modules = len(attention_forms.attention_modules(model))
+    if modules != len(layers):
+        return f"{modules} attention modules for {len(layers)} cache layers"
     if not float32:
         return "the model computes in a reduced precision; ExecuTorch's custom SDPA, in float32"
     if not load_kernels():
@@ -175,18 +151,10 @@ def unsuited(wrapper: torch.nn.Module, float32: bool) -> str | None:
     return None
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(ATTENTION, _sdpa)
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
-
-
 def form(wrapper: torch.nn.Module) -> torch.nn.Module:
     """A copy of `wrapper` (sharing its weights) in the ops' form; `unsuited` is None."""
     assert load_kernels(), "ExecuTorch's LLM custom ops are not installed"
-    _register()
+    attention_forms.register(ATTENTION, _sdpa)
     copy = module_copies.sharing_weights(wrapper)
     position = _Position()
     copy.__class__ = subclass(type(copy), _StartsOnce, prefix="ExecuTorch", module=__name__)
@@ -206,7 +174,7 @@ def form(wrapper: torch.nn.Module) -> torch.nn.Module:
         )
         layer.torchport_position = position
     model: Any = copy.model
-    for module in _attention_modules(model):
+    for module in attention_forms.attention_modules(model):
         module.torchport_layer = cache.layers[module.layer_idx]
         module.config._attn_implementation = ATTENTION
     model.config._attn_implementation = ATTENTION

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 
 from tests.engine.test_checkpoints import export, zip_directory
@@ -39,6 +40,11 @@ def test_the_folder_generates_eagers_tokens_in_onnx_runtime_genai(
     assert decoder["filename"] == "model.onnx" and config["model"]["type"] == "decoder"
     assert decoder["num_hidden_layers"] == 2 and decoder["num_key_value_heads"] == 2
     assert decoder["inputs"]["position_ids"] == "position_ids"
+    assert config["search"]["past_present_share_buffer"] is True  # written in place
+    # One GroupQueryAttention node per layer, as ONNX Runtime GenAI's builder writes it.
+    assert target.details["attention"] == "com.microsoft::GroupQueryAttention"
+    nodes = [node.op_type for node in onnx.load(result.artifacts["model.onnx"]).graph.node]
+    assert nodes.count("GroupQueryAttention") == 2 and "Softmax" not in nodes
     in_runtime = target.runtime_generation
     assert in_runtime is not None and in_runtime.passed is True and in_runtime.matched
     check = target.generation

@@ -20,7 +20,8 @@ when known, the task.
 
 Beside this module (the target, `engine.targets.interface.Target`): `names` (the inputs',
 outputs' and task's names), `native` (the ops kept whole, and the exceptions), `rnn`
-(`nn.RNN` as ONNX `RNN`), `metadata` (node metadata removed before saving).
+(`nn.RNN` as ONNX `RNN`), `metadata` (node metadata removed before saving), `attention`
+(an LLM's attention as ONNX Runtime's GroupQueryAttention), `genai` (ONNX Runtime GenAI).
 """
 
 from __future__ import annotations
@@ -112,9 +113,9 @@ def prepare(job: TargetJob) -> Conversion:
     if job.generation is None:
         settings["undecomposed"] = job.traced
         return Conversion(job.program, job.args, job.kwargs, settings)
-    from engine.generation import onnx_past
+    from engine.targets.onnx import attention
 
-    with_past = onnx_past.past_program(job.generation)
+    with_past, settings["attention"] = attention.past_program(job)
     metadata["torchport.task"] = with_past.task
     settings.update(
         input_names=with_past.input_names,
@@ -122,7 +123,9 @@ def prepare(job: TargetJob) -> Conversion:
         dim_names=with_past.dim_names,
     )
     if job.generation.encoder is None:  # a decoder-only LLM: ONNX Runtime GenAI runs it
-        settings["genai"] = onnx_genai.config(job.generation, with_past, spec("onnx").artifact)
+        shared = settings["attention"] == attention.NODE  # written in place: one buffer
+        artifact = spec("onnx").artifact
+        settings["genai"] = onnx_genai.config(job.generation, with_past, artifact, shared)
     return Conversion(with_past.program, (), with_past.kwargs, settings, with_past)
 
 
@@ -239,6 +242,7 @@ def convert(
     external_threshold: int = EXTERNAL_DATA_THRESHOLD,
     undecomposed: torch.export.ExportedProgram | None = None,
     genai: Mapping[str, Any] | None = None,
+    attention: str | None = None,
 ) -> Path:
     """Write `program` as an ONNX model to `path` (and its weights to `path.data` when
     they are saved as external data).
@@ -264,6 +268,8 @@ def convert(
             has `NATIVE_OPS` (the exporter keeps them as single ONNX nodes), and
             `program` only if the exporter fails on it (`facts["native_ops_failed"]`).
         genai: written beside as `genai_config.json` (`engine.targets.onnx.genai`).
+        attention: a generation-ready LLM's attention: `attention.NODE`, or why it is
+            in standard ops (`facts["attention"]`, `facts["attention_reason"]`).
 
     Returns:
         `path`.
@@ -272,6 +278,7 @@ def convert(
     import onnxscript
 
     from engine.targets import TargetError
+    from engine.targets.onnx import attention as onnx_attention
     from engine.targets.onnx import rnn as onnx_rnn
 
     def export(source: torch.export.ExportedProgram) -> Any:
@@ -280,7 +287,7 @@ def convert(
             tuple(args),
             kwargs=dict(kwargs) or None,
             dynamo=True,
-            custom_translation_table=dict(onnx_rnn.TRANSLATIONS),
+            custom_translation_table=onnx_rnn.TRANSLATIONS | onnx_attention.TRANSLATIONS,
             external_data=False,
             optimize=True,
             opset_version=opset,
@@ -340,6 +347,7 @@ def convert(
     if facts is not None:
         if fallback is not None:
             facts["native_ops_failed"] = fallback
+        facts.update(onnx_attention.facts(attention))
         facts.update(
             opset=model.opset_imports.get("", None),
             inputs=[value.name for value in model.graph.inputs],

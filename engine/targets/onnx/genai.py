@@ -1,9 +1,12 @@
 """ONNX Runtime GenAI for a generation-ready LLM's `model.onnx`: the `genai_config.json`
 its `Model` loads the folder by, and a generation run through its own `Generator`.
 
-The model is torchport's past/present form (`engine.generation.onnx_past`): the cache
-grows by the new tokens at each call (`past_present_share_buffer` false) and the graph
-holds everything the architecture computes, so the config names the model type
+The model is torchport's past/present form (`engine.generation.onnx_past`): with
+attention in standard ops the cache grows by the new tokens at each call
+(`past_present_share_buffer` false); with ONNX Runtime's GroupQueryAttention
+(`engine.targets.onnx.attention`) past and present share one buffer of the context's
+length, written in place (true), as the builder's models do. The graph holds everything
+the architecture computes, so the config names the model type
 `decoder`, ONNX Runtime GenAI's generic decoder-only LLM, rather than an architecture
 whose special handling (rotary caches, sliding windows) its own builder writes into the
 graph. The config's shape fields are the program's (layers, KV heads, head size), its
@@ -36,9 +39,14 @@ def installed() -> bool:
     return True
 
 
-def config(generation: Generation, with_past: PastProgram, filename: str) -> dict[str, Any]:
+def config(
+    generation: Generation, with_past: PastProgram, filename: str, share_buffer: bool = False
+) -> dict[str, Any]:
     """The `genai_config.json` of `filename`, the ONNX model of `with_past` (a decoder-only
-    LLM; an encoder-decoder one has none)."""
+    LLM; an encoder-decoder one has none). `share_buffer`: its attention is ONNX
+    Runtime's GroupQueryAttention, which writes the new keys and values into the past
+    buffer in place, so ONNX Runtime GenAI gives past and present one buffer of the
+    context's length instead of growing the cache by a copy at every step."""
     text = _text_config(generation.model)
     heads, head_size = with_past.past_shape
     inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
@@ -81,7 +89,7 @@ def config(generation: Generation, with_past: PastProgram, filename: str) -> dic
             "num_return_sequences": 1,
             "max_length": context,
             "min_length": 0,
-            "past_present_share_buffer": False,
+            "past_present_share_buffer": share_buffer,
             "repetition_penalty": 1.0,
             "temperature": 1.0,
             "top_k": 1,
