@@ -178,7 +178,7 @@ class OnnxOptions(StrictModel):
         "they exceed 1.5 GB (protobuf cannot hold a model over 2 GB in one file), `true` "
         "always, `false` never (a model over 2 GB then fails).",
     )
-    custom_ops: bool = Field(
+    custom_ops: StrictBool = Field(
         default=True,
         description="A generation-ready decoder-only LLM's attention as ONNX Runtime's "
         "`com.microsoft::GroupQueryAttention` node (one node per layer over the key/value "

@@ -460,8 +460,15 @@ def test_target_options() -> None:
         "opset": None,
         "dtype": "float32",
         "external_data": "auto",
+        "custom_ops": True,
     }
-    for bad in ({"opset": 17}, {"opset": 26}, {"dtype": "bfloat16"}, {"external_data": "yes"}):
+    for bad in (
+        {"opset": 17},
+        {"opset": 26},
+        {"dtype": "bfloat16"},
+        {"external_data": "yes"},
+        {"custom_ops": "yes"},
+    ):
         with pytest.raises(ValidationError):
             ExportOptions(onnx=bad)
     assert tuple(TARGET_ARTIFACTS) == targets.ORDER
