@@ -164,7 +164,9 @@ class DecoderWithPast(_Past):
 
 @dataclass
 class PastProgram:
-    """The traced program and the ONNX names of its inputs, outputs and dims."""
+    """The traced program and the ONNX names of its inputs, outputs and dims. The program
+    is not decomposed: the ONNX exporter decomposes it with its own table, as
+    `torch.onnx.export(module)` does (its linears stay `MatMul`s)."""
 
     program: torch.export.ExportedProgram
     kwargs: dict[str, Any]
@@ -223,9 +225,7 @@ def past_program(generation: Generation, form: Form | None = None) -> PastProgra
     shapes["past_key_values"] = [({0: batch, 2: past_length}, {0: batch, 2: past_length})] * layers
     traced, ready = (model, None) if form is None else form(model)
     wrapper = (WithPast if positions else WithPastNoPositions)(traced, ready)
-    program = torch.export.export(
-        wrapper, (), kwargs, dynamic_shapes=shapes, strict=False
-    ).run_decompositions()
+    program = torch.export.export(wrapper, (), kwargs, dynamic_shapes=shapes, strict=False)
     inputs = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     inputs += [f"past_key_values.{i}.{part}" for i in range(layers) for part in ("key", "value")]
     outputs = ["logits"] + [
@@ -284,9 +284,7 @@ def _decoder_past_program(generation: Generation, encoder: Encoder) -> PastProgr
         "encoder_hidden_states": hidden_spec,
         "past_key_values": [({0: batch, 2: past_length}, {0: batch, 2: past_length})] * layers,
     }
-    program = torch.export.export(
-        wrapper, (), kwargs, dynamic_shapes=shapes, strict=False
-    ).run_decompositions()
+    program = torch.export.export(wrapper, (), kwargs, dynamic_shapes=shapes, strict=False)
     parts = ("decoder.key", "decoder.value")
     inputs = ["input_ids", "encoder_hidden_states"] + [
         f"past_key_values.{i}.{part}" for i in range(layers) for part in parts

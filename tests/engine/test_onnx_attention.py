@@ -147,3 +147,38 @@ def test_the_generic_form_stays_an_option_and_a_fallback(
     assert target.details["attention"] == "standard"
     assert target.details["attention_reason"] == "1 of 2 layers' attention went through the op"
     assert target.generation is not None and target.generation.passed
+
+
+def test_a_program_the_exporter_refuses_undecomposed_converts_decomposed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The past/present program goes to the exporter undecomposed; where the exporter
+    fails on it, its core ATen decomposition is converted, the failure noted."""
+    import onnx
+
+    from engine.targets import TargetError
+
+    grouped = onnx_past.past_program(generation_of(model_of()), attention.form)
+    real, given = torch.onnx.export, []
+
+    def refusing_the_first(program: Any, *args: Any, **kwargs: Any) -> Any:
+        given.append(program)
+        if len(given) % 2:
+            raise RuntimeError("no translation for this op")
+        return real(program, *args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", refusing_the_first)
+    path, facts = tmp_path / "model.onnx", {}
+    names = {"input_names": grouped.input_names, "output_names": grouped.output_names}
+    with pytest.raises(TargetError, match="no translation for this op"):
+        onnx_target.convert(grouped.program, (), grouped.kwargs, path, **names)
+    given.clear()
+    onnx_target.convert(
+        grouped.program, (), grouped.kwargs, path, facts=facts, decompose_on_failure=True,
+        **names,
+    )  # fmt: skip
+    assert given[0] is grouped.program and given[1] is not grouped.program
+    assert "no translation for this op" in facts["native_ops_failed"]
+    nodes = [node.op_type for node in onnx.load(path).graph.node]
+    assert nodes.count("GroupQueryAttention") == 2
+    assert any("decomposed program" in note for note in onnx_target.notes(facts))

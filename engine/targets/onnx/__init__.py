@@ -10,8 +10,10 @@ with its own table, which keeps every op it has an ONNX translation for, so `nn.
 `nn.GRU` become ONNX `LSTM` / `GRU` nodes (torch_lib), `nn.RNN` ONNX `RNN` nodes
 (`engine.targets.onnx.rnn`) and `scaled_dot_product_attention` ONNX `Attention` from
 opset 23, where the core ATen program unrolls every time step and spells attention out
-in matmuls. Other programs, and those the exporter fails on undecomposed, are converted
-decomposed, as `program.pt2` is.
+in matmuls. A generation-ready LLM's past/present program is converted undecomposed
+too (the exporter's table keeps its linears whole: fewer nodes, and no second
+decomposition to wait for). Other programs, and those the exporter fails on
+undecomposed, are converted decomposed, as `program.pt2` is.
 
 The model carries the user's names (`engine.targets.onnx.names`, `engine.shapes.dim_names`):
 inputs as `forward`'s parameters, outputs as the output structure, dynamic dims as the
@@ -21,7 +23,8 @@ when known, the task.
 Beside this module (the target, `engine.targets.interface.Target`): `names` (the inputs',
 outputs' and task's names), `native` (the ops kept whole, and the exceptions), `rnn`
 (`nn.RNN` as ONNX `RNN`), `metadata` (node metadata removed before saving), `attention`
-(an LLM's attention as ONNX Runtime's GroupQueryAttention), `genai` (ONNX Runtime GenAI).
+(an LLM's attention as ONNX Runtime's GroupQueryAttention), `genai` (ONNX Runtime GenAI),
+`session` (ONNX Runtime sessions over the written model).
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from engine.targets.interface import Conversion, TargetJob
 from engine.targets.onnx import genai as onnx_genai
@@ -44,7 +46,8 @@ from schemas import ExportOptions, VerifyOptions
 if TYPE_CHECKING:
     from engine.generation import Encoder
 from engine.targets.onnx.genai import runtime_generation
-from engine.targets.onnx.native import EMPTY_REFUSED, NATIVE_OPS, RECURRENT_NODES, native_ops
+from engine.targets.onnx.native import NATIVE_OPS, RECURRENT_NODES, native_ops
+from engine.targets.onnx.session import THREAD_SETTINGS, load, runtime
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
@@ -71,17 +74,6 @@ EXTERNAL_DATA_THRESHOLD = 1_500_000_000
 
 PROTOBUF_LIMIT = 2**31
 """protobuf's limit on one serialized message: a single-file model must stay under it."""
-
-THREAD_SETTINGS = ("onnxruntime.intra_op_num_threads",)
-"""What `load(threads=...)` sets."""
-
-
-def runtime() -> str:
-    """The runtime `load` runs the model in, with its version."""
-    from importlib.metadata import version
-
-    return f"ONNX Runtime {version('onnxruntime')}, CPUExecutionProvider"
-
 
 FLOAT16_TOLERANCE = (1e-2, 1e-2)
 """(atol, rtol) a float16 model is verified with when verify.atol/rtol are unset."""
@@ -121,6 +113,7 @@ def prepare(job: TargetJob) -> Conversion:
         input_names=with_past.input_names,
         output_names=with_past.output_names,
         dim_names=with_past.dim_names,
+        decompose_on_failure=True,
     )
     if job.generation.encoder is None:  # a decoder-only LLM: ONNX Runtime GenAI runs it
         shared = settings["attention"] == attention.NODE  # written in place: one buffer
@@ -243,6 +236,7 @@ def convert(
     undecomposed: torch.export.ExportedProgram | None = None,
     genai: Mapping[str, Any] | None = None,
     attention: str | None = None,
+    decompose_on_failure: bool = False,
 ) -> Path:
     """Write `program` as an ONNX model to `path` (and its weights to `path.data` when
     they are saved as external data).
@@ -270,6 +264,10 @@ def convert(
         genai: written beside as `genai_config.json` (`engine.targets.onnx.genai`).
         attention: a generation-ready LLM's attention: `attention.NODE`, or why it is
             in standard ops (`facts["attention"]`, `facts["attention_reason"]`).
+        decompose_on_failure: `program` is not decomposed (the exporter decomposes it
+            with its own table, as `torch.onnx.export(module)` does); if the exporter
+            fails on it, its core ATen decomposition is converted
+            (`facts["native_ops_failed"]`).
 
     Returns:
         `path`.
@@ -307,7 +305,13 @@ def convert(
         try:
             exported = export(program)
         except Exception as exc:
-            raise _conversion_error(exc) from exc
+            if not decompose_on_failure:
+                raise _conversion_error(exc) from exc
+            fallback = str(_conversion_error(exc))  # the core ATen program may still convert
+            try:
+                exported = export(program.run_decompositions())
+            except Exception as again:
+                raise _conversion_error(again) from again
     assert exported is not None  # dynamo=True always returns the program
     written = exported.model.opset_imports.get("", None)
     if opset is not None and written != opset:
@@ -370,55 +374,6 @@ def convert(
             onnxscript=onnxscript.__version__,
         )
     return path
-
-
-def load(
-    path: Path,
-    program: torch.export.ExportedProgram,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    threads: int | None = None,
-    refuse_empty: bool = False,
-) -> Any:
-    """An ONNX Runtime session (CPU provider) over `path`, as a runner of flat outputs.
-
-    The model's inputs are the tensor leaves of `(args, kwargs)` in order (non-tensor
-    inputs were baked in as constants), fed by name: `input_names` when given (the
-    session refuses a name the model does not have), else the model's own. With
-    `output_names`, those outputs are fetched by name. `threads` sets the session's
-    intra-op thread pool (`THREAD_SETTINGS`); None leaves ONNX Runtime's default (one
-    thread per physical core). `refuse_empty` (a model with `RECURRENT_NODES`): a call
-    with an empty input raises instead of running, as ONNX Runtime 1.32 aborts the whole
-    process (`terminate called without an active exception`) on an empty batch there.
-    """
-    import onnxruntime
-
-    session_options = onnxruntime.SessionOptions()
-    session_options.log_severity_level = 3  # errors only
-    if threads is not None:
-        session_options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(
-        str(path), sess_options=session_options, providers=["CPUExecutionProvider"]
-    )
-    names = list(input_names or [value.name for value in session.get_inputs()])
-    fetch = list(output_names) if output_names else None
-
-    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
-        tensors = [
-            leaf
-            for leaf in pytree.tree_leaves((tuple(args), dict(kwargs)))
-            if isinstance(leaf, torch.Tensor)
-        ]
-        if len(tensors) != len(names):
-            raise RuntimeError(
-                f"model.onnx takes {len(names)} inputs, the call has {len(tensors)} tensors"
-            )
-        if refuse_empty and any(t.numel() == 0 for t in tensors):
-            raise RuntimeError(EMPTY_REFUSED)
-        feed = {name: _numpy(t) for name, t in zip(names, tensors, strict=True)}
-        return [torch.from_numpy(out) for out in session.run(fetch, feed)]
-
-    return run
 
 
 def notes(facts: dict[str, Any]) -> list[str]:
@@ -493,7 +448,3 @@ def _conversion_error(exc: BaseException) -> Exception:
         hint=spec("onnx").failure_hint,
         details={"exception": name},
     )
-
-
-def _numpy(tensor: torch.Tensor) -> Any:
-    return tensor.detach().cpu().contiguous().numpy()
