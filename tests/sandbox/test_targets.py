@@ -86,6 +86,18 @@ def test_onnx_alone_needs_no_exec(runner: SandboxRunner) -> None:
     assert [s.name for s in result.report.stages][-2:] == ["converting", "profiling"]
 
 
+def test_onnx_external_data_is_written_in_the_sandbox(runner: SandboxRunner) -> None:
+    # onnx_ir writes the weights into a folder beside model.onnx and renames them into
+    # place: a rename across directories, which Landlock allows only with FS_REFER.
+    result = _run(runner, "profile_mlp.py", {"targets": ["onnx"], "onnx": {"external_data": True}})
+    assert result.error is None, result.error
+    target = result.report.targets["onnx"]
+    assert target.status == "succeeded", target.error
+    assert target.verification is not None and target.verification.passed
+    assert target.artifacts == ["model.onnx", "model.onnx.data"]
+    assert result.artifacts["model.onnx.data"].stat().st_size > 0
+
+
 @needs_compiler
 def test_a_converting_job_runs_only_the_brokered_toolchain(runner: SandboxRunner) -> None:
     result = _run(runner, "hostile_converter.py", {"targets": ["onnx"], "verify": {"samples": 0}})

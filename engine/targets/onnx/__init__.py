@@ -273,6 +273,7 @@ def convert(
         `path`.
     """
     import onnx
+    import onnx_ir as ir
     import onnxscript
 
     from engine.targets import TargetError
@@ -345,7 +346,14 @@ def convert(
     for stale in companions(path):
         stale.unlink(missing_ok=True)
     strip_node_metadata(model)
-    exported.save(str(path), external_data=external)
+    if external:  # tensors under 256 bytes (shapes ONNX Runtime must read) stay inline
+        data = companions(path)[0]
+        ir.save(model, path, external_data=data.name)
+        if data.exists() and data.stat().st_size == 0:  # no tensor went out
+            data.unlink()
+            external = False
+    else:
+        ir.save(model, path)
     if genai is not None:
         onnx_genai.write(path, dict(genai))
     if facts is not None:

@@ -54,7 +54,13 @@ WRITE = (
     | FS_MAKE_REG
     | FS_MAKE_SYM
     | FS_TRUNCATE
+    | FS_REFER
 )
+"""A job's own directories: read, write, and move files between them (`FS_REFER`: a
+rename or link across directories, which libraries use to put a file written beside
+its destination in place, e.g. onnx_ir's external data). Landlock allows a move only
+when both directories grant REFER and the destination grants no right the source
+lacks, so nothing moves into or out of a read-only path."""
 _FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 
 
@@ -124,7 +130,8 @@ def restrict(
     /dev/null) read and written as files, `ioctl_devices` (a GPU's nodes) also
     listed and ioctl'd (ABI 5+; below it the kernel does not restrict device
     ioctls at all), `executables` (single files) executed: nothing else may be
-    (FS_EXECUTE is handled and granted only there). Everything else in the filesystem is
+    (FS_EXECUTE is handled and granted only there). Files move across directories
+    (FS_REFER, ABI 2+) only within the `write` paths. Everything else in the filesystem is
     denied; on ABI 4+ TCP bind/connect are denied, on ABI 6+ abstract Unix
     sockets and signals to processes outside the domain. Paths that do not exist
     are skipped. Needs `PR_SET_NO_NEW_PRIVS` first. Returns the ABI used.
