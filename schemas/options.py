@@ -168,7 +168,9 @@ class OnnxOptions(StrictModel):
     )
     dtype: Literal["float32", "float16"] = Field(
         default="float32",
-        description="`float16`: the model's float32 weights and computation converted to "
+        description="`float32`: weights and computation in float32, a bfloat16 or float16 "
+        "model's widened (ONNX Runtime's CPU provider lacks kernels in those for most ops). "
+        "`float16`: the model's float32 weights and computation converted to "
         "float16 (inputs and outputs stay float32), verified with the looser float16 "
         "tolerances unless verify.atol/rtol are set.",
     )

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["attention_modules", "register", "unplain"]
+__all__ = ["attention_modules", "calls", "register", "unplain"]
 
 
 def attention_modules(model: torch.nn.Module) -> list[Any]:
@@ -22,6 +22,14 @@ def attention_modules(model: torch.nn.Module) -> list[Any]:
         for each in model.modules()
         if hasattr(each, "layer_idx") and hasattr(each, "is_causal")
     ]
+
+
+def calls(program: torch.export.ExportedProgram, op: str) -> int:
+    """How many times `program` calls an op whose name contains `op` (the layers whose
+    attention went through a form's op)."""
+    return sum(
+        1 for node in program.graph.nodes if node.op == "call_function" and op in str(node.target)
+    )
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -197,6 +197,4 @@ def export(
 
 def lowered_attention(program: torch.export.ExportedProgram) -> int:
     """How many `llama::custom_sdpa` calls `program` makes."""
-    return sum(
-        1 for node in program.graph.nodes if node.op == "call_function" and SDPA in str(node.target)
-    )
+    return attention_forms.calls(program, SDPA)

@@ -44,6 +44,7 @@ __all__ = [
     "judge",
     "reduced",
     "reduced_model",
+    "rounded_like",
     "widened",
 ]
 
@@ -176,6 +177,25 @@ def float32_reference(
 ) -> Any:
     """`module`'s outputs computed in float32 from its own weights."""
     return float32_run(module, args, kwargs)[0]
+
+
+def rounded_like(expected: Any, actual: Any) -> Any:
+    """`actual` with each float32 tensor whose `expected` counterpart is in a reduced
+    precision rounded to that dtype (a widened artifact's outputs, as the model's); the
+    structure as it is when the two do not match leaf for leaf."""
+    want, got = pytree.tree_leaves(expected), pytree.tree_leaves(actual)
+    if len(want) != len(got):
+        return actual
+    leaves, spec = pytree.tree_flatten(actual)
+    return pytree.tree_unflatten(
+        [
+            a.to(e.dtype)
+            if reduced(e) and isinstance(a, torch.Tensor) and a.dtype == torch.float32
+            else a
+            for e, a in zip(want, leaves, strict=True)
+        ],
+        spec,
+    )
 
 
 def judge(

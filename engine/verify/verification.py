@@ -206,7 +206,7 @@ def _run_sample(
         )
 
     if runner is not None:
-        return _run_target_sample(runner, expected, args, kwargs, opts, common)
+        return _run_target_sample(runner, expected, copies.eager, (args, kwargs), opts, common)
     exported = copies.exported()
     exported_before = _buffers(exported)
     try:
@@ -258,12 +258,16 @@ def _run_sample(
 def _run_target_sample(
     runner: Runner,
     expected: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    eager: Callable[[], torch.nn.Module],
+    inputs: tuple[tuple[Any, ...], dict[str, Any]],
     opts: VerifyOptions,
     common: dict[str, Any],
 ) -> SampleCheck:
-    """The exported side of a sample run by a target's runtime: outputs only."""
+    """The exported side of a sample run by a target's runtime: outputs only. An
+    artifact that computes a reduced-precision model in float32 (ONNX's, widened) has its
+    outputs rounded to eager's dtype, and is judged against a float32 reference as a
+    reduced-precision program is (`precision.against_float32`)."""
+    args, kwargs = inputs
     try:
         with torch.no_grad():
             copied = copy.deepcopy((tuple(args), dict(kwargs)))
@@ -272,7 +276,17 @@ def _run_target_sample(
             common["exported_s"] = time.perf_counter() - started
     except Exception as exc:
         return SampleCheck(status="failed", reason=f"{EXPORTED_RAISED}{_describe(exc)}", **common)
+    actual = precision.rounded_like(expected, actual)
     outputs, reason = _compare_outputs(expected, actual, opts)
+    if reason is None:
+        outputs, _ = precision.against_float32(
+            (outputs, []),
+            eager,
+            (args, kwargs),
+            precision.Sides(expected, {}),
+            precision.Sides(actual, {}),
+            opts,
+        )
     ok = reason is None and all(c.passed for c in outputs)
     return SampleCheck(
         status="passed" if ok else "failed", reason=reason, outputs=outputs, **common

@@ -74,10 +74,8 @@ def test_the_form_computes_the_generic_forms_logits_and_presents(kind: str) -> N
             torch.testing.assert_close(found, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_onnx_runtime_runs_one_group_query_attention_node_per_layer(tmp_path: Path) -> None:
-    import onnx
-
-    grouped = onnx_past.past_program(generation_of(model_of("qwen3")), attention.form)
+def converted(grouped: Any, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """`grouped` (the form's past/present program) as `model.onnx`, and its facts."""
     path = tmp_path / "model.onnx"
     facts: dict[str, Any] = {}
     onnx_target.convert(
@@ -85,6 +83,14 @@ def test_onnx_runtime_runs_one_group_query_attention_node_per_layer(tmp_path: Pa
         input_names=grouped.input_names, output_names=grouped.output_names,
         dim_names=grouped.dim_names, attention=attention.NODE,
     )  # fmt: skip
+    return path, facts
+
+
+def test_onnx_runtime_runs_one_group_query_attention_node_per_layer(tmp_path: Path) -> None:
+    import onnx
+
+    grouped = onnx_past.past_program(generation_of(model_of("qwen3")), attention.form)
+    path, facts = converted(grouped, tmp_path)
     assert facts["attention"] == attention.NODE and "attention_reason" not in facts
     nodes = onnx.load(path).graph.node
     found = [node for node in nodes if node.op_type == "GroupQueryAttention"]
@@ -116,8 +122,26 @@ def test_attention_the_node_does_not_compute_keeps_the_generic_form(
     assert reason in (attention.unsuited(model_of("qwen3", **changes)) or "")
 
 
-def test_a_bfloat16_model_keeps_the_generic_form() -> None:
-    assert "bfloat16" in (attention.unsuited(model_of().to(torch.bfloat16)) or "")
+def test_a_bfloat16_model_takes_the_node_in_float32(tmp_path: Path) -> None:
+    """A bfloat16 model's ONNX form is widened to float32 (ONNX Runtime's CPU provider
+    has no bfloat16 Mul, nor a bfloat16 GroupQueryAttention): the node still serves it."""
+    import onnx
+
+    model = model_of().to(torch.bfloat16)
+    assert attention.unsuited(model) is None
+    grouped = onnx_past.past_program(generation_of(model), attention.form)
+    path, facts = converted(grouped, tmp_path)
+    assert (facts["widened_from"], facts["dtype"]) == ("bfloat16", "float32")
+    written = onnx.load(path)
+    types = {value.type.tensor_type.elem_type for value in written.graph.input}
+    types |= {tensor.data_type for tensor in written.graph.initializer}
+    assert onnx.TensorProto.BFLOAT16 not in types and onnx.TensorProto.FLOAT in types
+    assert sum(node.op_type == "GroupQueryAttention" for node in written.graph.node) == 2
+    run = onnx_target.load(path, grouped.program, input_names=facts["inputs"])
+    want = flat(grouped.program.module()(**grouped.kwargs))
+    for expected, found in zip(want, run((), grouped.kwargs), strict=True):
+        assert found.dtype == torch.float32
+        torch.testing.assert_close(found, expected.float(), atol=0.05, rtol=0.05)
 
 
 @pytest.mark.slow
@@ -147,6 +171,25 @@ def test_the_generic_form_stays_an_option_and_a_fallback(
     assert target.details["attention"] == "standard"
     assert target.details["attention_reason"] == "1 of 2 layers' attention went through the op"
     assert target.generation is not None and target.generation.passed
+
+
+@pytest.mark.slow
+def test_a_float16_llm_attends_through_the_node_and_generates(tmp_path: Path) -> None:
+    """`onnx.dtype: float16`: the node takes float16 (as the builder's fp16 models do),
+    and the model still generates eager's tokens in both runtimes."""
+    import onnx
+
+    archive = zip_directory(llama(tmp_path), tmp_path / "llama.zip", folder=None)
+    options = {**TEXT_GENERATION, "targets": ["onnx"], "profile": {"enabled": False}}
+    half = export(tmp_path / "half", archive, {**options, "onnx": {"dtype": "float16"}})
+    target = half.report.targets["onnx"]
+    assert target.status == "succeeded", target.error
+    assert (target.details["attention"], target.details["dtype"]) == (attention.NODE, "float16")
+    nodes = onnx.load(half.artifacts["model.onnx"]).graph.node
+    assert sum(node.op_type == "GroupQueryAttention" for node in nodes) == 2
+    assert target.generation is not None and target.generation.passed
+    if target.runtime_generation is not None:  # onnxruntime-genai is installed
+        assert target.runtime_generation.passed
 
 
 def test_a_program_the_exporter_refuses_undecomposed_converts_decomposed(

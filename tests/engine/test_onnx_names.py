@@ -317,6 +317,21 @@ def test_a_failed_target_leaves_no_data_file(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_weights_over_the_largest_file_fail_before_writing(
+    tagger: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs("onnx")
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (100, 100))
+    result = run_onnx(tagger, tmp_path, external_data=True)
+    assert result.status == "failed" and result.error is not None
+    assert result.error.details["reason"] == "file_size_limit"
+    assert result.error.details["max_bytes"] == 100
+    assert result.error.details["initializer_bytes"] > 100
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_opset_option(tagger: Any, tmp_path: Path) -> None:
     needs("onnx")
     result = run_onnx(tagger, tmp_path, opset=18)

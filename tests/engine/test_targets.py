@@ -221,6 +221,31 @@ def test_onnx_mlp_is_verified(mlp: Case, tmp_path: Path) -> None:
     assert (result.verification.verdict, result.verification.skipped) == ("verified", 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_reduced_precision_model_is_widened_to_float32_in_onnx(
+    dtype: torch.dtype, tmp_path: Path
+) -> None:
+    """ONNX Runtime's CPU provider has no bfloat16 (nor most float16) kernels: the model
+    computes in float32 from its own weights, judged as a reduced-precision program."""
+    needs("onnx")
+    import onnx
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 4)
+    ).to(dtype)  # fmt: skip
+    case = export(model, (torch.randn(2, 8, dtype=dtype),))
+    result = run("onnx", case, tmp_path, targets=["onnx"])
+    assert result.status == "succeeded", result.error
+    assert result.details["widened_from"] == str(dtype).removeprefix("torch.")
+    assert result.verification is not None and result.verification.verdict == "verified"
+    written = onnx.load(tmp_path / "model.onnx")
+    elem_types = {t.data_type for t in written.graph.initializer} | {
+        v.type.tensor_type.elem_type for v in [*written.graph.input, *written.graph.output]
+    }
+    assert elem_types == {onnx.TensorProto.FLOAT}
+
+
 def test_an_op_onnx_cannot_translate_is_target_failed(tmp_path: Path) -> None:
     needs("onnx")
     case = export(WithCustomOp(), (torch.randn(4),))

@@ -39,6 +39,7 @@ from engine.targets.interface import Conversion, TargetJob
 from engine.targets.onnx import genai as onnx_genai
 from engine.targets.onnx import names as onnx_names
 from engine.targets.onnx import native as onnx_native
+from engine.targets.onnx import precision as onnx_precision
 from engine.targets.onnx.metadata import strip_node_metadata
 from engine.targets.registry import spec
 from schemas import ExportOptions, VerifyOptions
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from engine.generation import Encoder
 from engine.targets.onnx.genai import runtime_generation
 from engine.targets.onnx.native import NATIVE_OPS, RECURRENT_NODES, native_ops
+from engine.targets.onnx.precision import PROTOBUF_LIMIT
 from engine.targets.onnx.session import THREAD_SETTINGS, load, runtime
 
 __all__ = [
@@ -71,9 +73,6 @@ __all__ = [
 
 EXTERNAL_DATA_THRESHOLD = 1_500_000_000
 """With `onnx.external_data: auto`, weights above this many bytes go to `model.onnx.data`."""
-
-PROTOBUF_LIMIT = 2**31
-"""protobuf's limit on one serialized message: a single-file model must stay under it."""
 
 FLOAT16_TOLERANCE = (1e-2, 1e-2)
 """(atol, rtol) a float16 model is verified with when verify.atol/rtol are unset."""
@@ -325,8 +324,9 @@ def convert(
         axes: dict[Any, str] = dict(dim_names)
         exported.rename_axes(axes)
     onnx_names.name_values(exported.model, input_names, output_names)
+    widened = onnx_precision.widen(exported.model)  # ONNX Runtime's CPU computes float32
     if dtype == "float16":
-        exported.model = _half(exported.model)
+        exported.model = onnx_precision.half(exported.model)
     for key, value in (metadata or {}).items():
         exported.model.metadata_props[key] = value
     model = exported.model
@@ -343,6 +343,7 @@ def convert(
             "model.onnx.data beside model.onnx.",
             details={"initializer_bytes": weights},
         )
+    onnx_precision.fits_one_file(weights)
     for stale in companions(path):
         stale.unlink(missing_ok=True)
     strip_node_metadata(model)
@@ -373,6 +374,7 @@ def convert(
                 for value in model.graph.inputs
             },
             dtype=dtype,
+            widened_from=widened,
             external_data=external,
             initializer_bytes=weights,
             native_ops=natives,
@@ -400,6 +402,12 @@ def notes(facts: dict[str, Any]) -> list[str]:
             "as matmuls): the exporter failed on the program with them whole: "
             + str(facts["native_ops_failed"])
         )
+    if facts.get("widened_from"):
+        out.append(
+            f"The model's {facts['widened_from']} weights and computation are float32 in "
+            "model.onnx (ONNX Runtime's CPU provider has no reduced-precision kernels for "
+            "most ops); verified against eager as a reduced-precision program is."
+        )
     if facts.get("dtype") == "float16":
         out.append(
             "float16 weights and computation; inputs and outputs stay float32. Verified "
@@ -413,26 +421,6 @@ def _dims(value: Any) -> list[int | str | None]:
     if shape is None:
         return []
     return [dim if isinstance(dim, int) else getattr(dim, "value", None) for dim in shape]
-
-
-def _half(model: Any) -> Any:
-    """The model with float32 weights and computation in float16 (ONNX Runtime's
-    converter, as optimum uses it); inputs and outputs stay float32."""
-    import onnx_ir as ir
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    large = (
-        sum(
-            v.const_value.nbytes
-            for v in model.graph.initializers.values()
-            if v.const_value is not None
-        )
-        >= PROTOBUF_LIMIT
-    )
-    proto = convert_float_to_float16(
-        ir.to_proto(model), keep_io_types=True, disable_shape_infer=large
-    )
-    return ir.from_proto(proto)
 
 
 def _conversion_error(exc: BaseException) -> Exception:

@@ -205,13 +205,7 @@ def _update(
 def unsuited(model: torch.nn.Module) -> str | None:
     """Why `model` (a decoder-only transformers LLM) keeps the generic attention in
     ONNX, or None when the op may fit it (`lowered_attention` tells after tracing)."""
-    why = attention_forms.unplain(model)
-    if why is not None:
-        return why
-    dtype = next(model.parameters()).dtype
-    if dtype not in (torch.float32, torch.float16):
-        return f"ONNX Runtime's GroupQueryAttention computes in float32 or float16, not {dtype}"
-    return None
+    return attention_forms.unplain(model)  # bfloat16 too: the model is widened to float32
 
 
 def form(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[Any, torch.Tensor], None]]:
@@ -239,11 +233,7 @@ def form(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[Any, torch.
 
 def lowered_attention(program: torch.export.ExportedProgram) -> int:
     """How many times `program` calls the op."""
-    return sum(
-        1
-        for node in program.graph.nodes
-        if node.op == "call_function" and "group_query_attention" in str(node.target)
-    )
+    return attention_forms.calls(program, "group_query_attention")
 
 
 def facts(attention: str | None) -> dict[str, str]:

@@ -54,6 +54,7 @@ def load(
         str(path), sess_options=session_options, providers=["CPUExecutionProvider"]
     )
     names = list(input_names or [value.name for value in session.get_inputs()])
+    wide = {value.name for value in session.get_inputs() if value.type == "tensor(float)"}
     fetch = list(output_names) if output_names else None
 
     def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
@@ -68,11 +69,16 @@ def load(
             )
         if refuse_empty and any(t.numel() == 0 for t in tensors):
             raise RuntimeError(EMPTY_REFUSED)
-        feed = {name: _numpy(t) for name, t in zip(names, tensors, strict=True)}
+        feed = {name: _numpy(t, name in wide) for name, t in zip(names, tensors, strict=True)}
         return [torch.from_numpy(out) for out in session.run(fetch, feed)]
 
     return run
 
 
-def _numpy(tensor: torch.Tensor) -> Any:
-    return tensor.detach().cpu().contiguous().numpy()
+def _numpy(tensor: torch.Tensor, wide: bool = False) -> Any:
+    """`tensor` as numpy; `wide`: as float32 where it is floating (a widened model's
+    input, `precision.widen`; numpy has no bfloat16)."""
+    tensor = tensor.detach().cpu()
+    if wide and tensor.is_floating_point():
+        tensor = tensor.float()
+    return tensor.contiguous().numpy()

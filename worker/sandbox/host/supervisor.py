@@ -53,6 +53,10 @@ DISK_PER_UPLOAD_MB = 4
 """MB of disk per MB of upload, when that is more than the worker's `disk_mb`: the
 upload, its unpacked files, the program holding the weights again and one target's
 files."""
+FSIZE_PER_UPLOAD_MB = 2
+"""MB of the largest file per MB of upload, when that is more than the worker's
+`fsize_mb`: a bfloat16 or float16 checkpoint's weights widened to float32 (an ONNX
+model's external data: 4.9 GB for a 2.47 GB bfloat16 Llama)."""
 
 
 def sized(
@@ -63,7 +67,8 @@ def sized(
     upload, `MEMORY_PER_UPLOAD_MB_PER_TARGET` more per target, plus `MEMORY_BASE_MB`; at
     least `DEFAULT_MEMORY_MB`, at most the worker's `max_memory_mb`), and the disk quota
     and largest file likewise (`DISK_PER_UPLOAD_MB`, at most `max_disk_mb`). The one
-    place a job's limits are sized."""
+    place a job's limits are sized. The largest file grows with the disk quota, and is at
+    least `FSIZE_PER_UPLOAD_MB` per MB of upload within it."""
     upload_mb = -(-upload_bytes // (1 << 20))
     if options.memory_mb is None:
         per_mb = MEMORY_PER_UPLOAD_MB + MEMORY_PER_UPLOAD_MB_PER_TARGET * len(options.targets)
@@ -79,6 +84,9 @@ def sized(
         settings = settings.model_copy(
             update={"disk_mb": disk, "fsize_mb": max(settings.fsize_mb, disk)}
         )
+    widest = min(FSIZE_PER_UPLOAD_MB * upload_mb, settings.disk_mb)
+    if widest > settings.fsize_mb:
+        settings = settings.model_copy(update={"fsize_mb": widest})
     return options, settings
 
 
