@@ -177,7 +177,8 @@ class OnnxOptions(StrictModel):
     external_data: StrictBool | Literal["auto"] = Field(
         default="auto",
         description="Write the weights to `model.onnx.data` beside `model.onnx`: `auto` when "
-        "they exceed 1.5 GB (protobuf cannot hold a model over 2 GB in one file), `true` "
+        "they exceed 1.5 GB (protobuf cannot hold a model over 2 GB in one file) and always "
+        "for a generation-ready LLM (as ONNX Runtime GenAI's builder writes one), `true` "
         "always, `false` never (a model over 2 GB then fails).",
     )
     custom_ops: StrictBool = Field(

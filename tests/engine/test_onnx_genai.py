@@ -34,7 +34,9 @@ def test_the_folder_generates_eagers_tokens_in_onnx_runtime_genai(
     report = result.report
     target = report.targets["onnx"]
     assert target.status == "succeeded", target.error
-    assert target.artifacts == ["model.onnx", "genai_config.json"]
+    # the weights beside the graph under `auto`, as the builder writes an LLM
+    assert target.artifacts == ["model.onnx", "genai_config.json", "model.onnx.data"]
+    assert target.details["external_data"] is True
     config = json.loads(result.artifacts["genai_config.json"].read_text())
     decoder = config["model"]["decoder"]
     assert decoder["filename"] == "model.onnx" and config["model"]["type"] == "decoder"

@@ -7,6 +7,7 @@ Pipeline runs with ONNX exports on 2 shared cores: `slow`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,73 @@ def test_a_generation_ready_llamas_4bit_onnx_compares_greedy_tokens(tmp_path: Pa
     entry = report.quantization.targets["onnx"]
     assert entry.measured is True and entry.generation is not None
     assert_tokens_matched_from_the_first(entry, report.generation.check)
+
+
+def _tied_head() -> tuple[Any, Any]:
+    """A model whose embedding's weight W is also its LM head's, as `Transpose(W)`."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((96, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["W", "ids"], ["embedded"]),
+            helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+            helper.make_node("MatMul", ["embedded", "Wt"], ["logits"]),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 96])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weight
+
+
+def test_a_tied_lm_heads_transposed_weight_is_quantized_its_embedding_kept(
+    tmp_path: Path,
+) -> None:
+    """The exporter leaves `Transpose(W)` unfolded for a weight over its folding limit (a
+    tied LM head's): the MatMul by it is quantized from the transposed weight, and the
+    embedding's Gather keeps W."""
+    import numpy as np
+
+    from engine.quantization.onnx_runtime import _blocks
+
+    tied, weight = _tied_head()
+    source, path = tmp_path / "float.onnx", tmp_path / "model.onnx"
+    onnx.save(tied, source)
+    _blocks(source, path, block_size=32, accuracy_level=1, external=False)
+    written = onnx.load(str(path))
+    kinds = [node.op_type for node in written.graph.node]
+    assert kinds == ["Gather", "MatMulNBits"]
+    assert written.graph.node[0].input[0] == "W"  # the embedding stays float
+
+    import onnxruntime
+
+    ids = np.array([[1, 5, 7, 90]], dtype=np.int64)
+    got = onnxruntime.InferenceSession(str(path)).run(None, {"ids": ids})[0]
+    want = (weight[ids] @ weight.T).ravel()
+    cosine = float(got.ravel() @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cosine > 0.98  # 4-bit noise; the weight untransposed would give ~0
+
+
+def test_the_onnx_target_writes_a_tied_heads_weight_transposed(tmp_path: Path) -> None:
+    """`onnx.weights.transposed` (the target's models it quantizes to 4 bits): the MatMul
+    takes a transposed initializer, written as the model is saved; outputs unchanged."""
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime
+
+    from engine.targets.onnx import weights
+
+    tied, weight = _tied_head()
+    model = ir.from_proto(tied)
+    assert weights.transposed(model) == 1
+    path = tmp_path / "model.onnx"
+    ir.save(model, path, external_data="model.onnx.data")
+    written = onnx.load(str(path))
+    assert [node.op_type for node in written.graph.node] == ["Gather", "MatMul"]
+    assert written.graph.node[1].input[1] == "W_transposed"
+    ids = np.array([[1, 5, 7, 90]], dtype=np.int64)
+    got = onnxruntime.InferenceSession(str(path)).run(None, {"ids": ids})[0]
+    np.testing.assert_allclose(got, weight[ids] @ weight.T, rtol=1e-5, atol=1e-4)

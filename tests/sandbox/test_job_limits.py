@@ -55,8 +55,8 @@ def test_a_job_without_memory_mb_is_sized_from_its_uploads() -> None:
     assert big.memory_mb == 2 * 3072 + 4096  # two MB per MB of upload, plus 4 GiB
     # the largest file holds its weights widened to float32 (ONNX's external data of a
     # bfloat16 checkpoint), where the worker's 4096 would not
-    assert roomy.disk_mb == 16384 and (settings.fsize_mb, roomy.fsize_mb) == (4096, 2 * 3072)
-    _, modest = sized(ExportOptions(), 1 << 30, settings)
+    assert roomy.disk_mb == 16384 and (settings.fsize_mb, roomy.fsize_mb) == (4096, 3 * 3072)
+    _, modest = sized(ExportOptions(), 1 << 30, settings)  # 3 GB: under the worker's 4
     assert modest.fsize_mb == settings.fsize_mb
     huge, roomier = sized(ExportOptions(), 6 << 30, settings)
     assert huge.memory_mb == 16384  # the worker's maximum
@@ -64,8 +64,8 @@ def test_a_job_without_memory_mb_is_sized_from_its_uploads() -> None:
     _, capped = sized(ExportOptions(), 20 << 30, settings)
     assert capped.disk_mb == 32768
     # what the job asked for stays, within the worker's cap (job_limits)
-    converting, _ = sized(ExportOptions(targets=["onnx", "executorch"]), 2 << 30, settings)
-    assert converting.memory_mb == (2 + 2) * 2048 + 4096  # one more MB per MB per target
+    converting, _ = sized(ExportOptions(targets=["onnx", "executorch"]), 1 << 30, settings)
+    assert converting.memory_mb == (2 + 2 * 2) * 1024 + 4096  # two more MB per MB per target
     own, _ = sized(ExportOptions(memory_mb=1024), 3 << 30, settings)
     assert own.memory_mb == 1024
     limits, _, memory_mb = job_limits(big, settings, baseline_mb=0)

@@ -40,6 +40,7 @@ from engine.targets.onnx import genai as onnx_genai
 from engine.targets.onnx import names as onnx_names
 from engine.targets.onnx import native as onnx_native
 from engine.targets.onnx import precision as onnx_precision
+from engine.targets.onnx import weights as onnx_weights
 from engine.targets.onnx.metadata import strip_node_metadata
 from engine.targets.registry import spec
 from schemas import ExportOptions, VerifyOptions
@@ -101,12 +102,18 @@ def prepare(job: TargetJob) -> Conversion:
         "external_data": options.external_data,
         **job.overrides,
     }
+    from engine.quantization.onnx_runtime import ACCURACY_LEVELS  # the 4-bit schemes
+
+    if job.quantizing is not None and job.quantizing.scheme in ACCURACY_LEVELS:
+        settings["transpose_weights"] = True  # a tied LM head's, quantized too
     if job.generation is None:
         settings["undecomposed"] = job.traced
         return Conversion(job.program, job.args, job.kwargs, settings)
     from engine.targets.onnx import attention
 
     with_past, settings["attention"] = attention.past_program(job)
+    if options.external_data == "auto":  # as the builder writes an LLM; 30 times faster
+        settings["external_data"] = True
     metadata["torchport.task"] = with_past.task
     settings.update(
         input_names=with_past.input_names,
@@ -236,6 +243,7 @@ def convert(
     genai: Mapping[str, Any] | None = None,
     attention: str | None = None,
     decompose_on_failure: bool = False,
+    transpose_weights: bool = False,
 ) -> Path:
     """Write `program` as an ONNX model to `path` (and its weights to `path.data` when
     they are saved as external data).
@@ -267,6 +275,8 @@ def convert(
             with its own table, as `torch.onnx.export(module)` does); if the exporter
             fails on it, its core ATen decomposition is converted
             (`facts["native_ops_failed"]`).
+        transpose_weights: a MatMul by a weight's transpose takes the transposed weight
+            (`weights.transposed`; for ONNX Runtime's 4-bit quantizer).
 
     Returns:
         `path`.
@@ -325,6 +335,8 @@ def convert(
         exported.rename_axes(axes)
     onnx_names.name_values(exported.model, input_names, output_names)
     widened = onnx_precision.widen(exported.model)  # ONNX Runtime's CPU computes float32
+    if transpose_weights:
+        onnx_weights.transposed(exported.model)
     if dtype == "float16":
         exported.model = onnx_precision.half(exported.model)
     for key, value in (metadata or {}).items():

@@ -44,19 +44,21 @@ DEFAULT_MEMORY_MB = 8192
 MEMORY_PER_UPLOAD_MB = 2
 """MB of memory per MB of upload for a job whose options set no `memory_mb` (the weights
 mapped once, plus what verification, the generation check and the round trip hold)."""
-MEMORY_PER_UPLOAD_MB_PER_TARGET = 1
+MEMORY_PER_UPLOAD_MB_PER_TARGET = 2
 """And per deployment target asked for: a converter holds its artifact's weights (an
 ExecuTorch `8da4w` conversion of a 2.47 GB bfloat16 Llama peaked 6.6 GB above its job's
-verification)."""
+verification; its ONNX `8da4w` conversion 11.0 GB in all, ONNX Runtime's quantizer
+holding the float32 model, over twice the checkpoint)."""
 MEMORY_BASE_MB = 4096
 DISK_PER_UPLOAD_MB = 4
 """MB of disk per MB of upload, when that is more than the worker's `disk_mb`: the
 upload, its unpacked files, the program holding the weights again and one target's
 files."""
-FSIZE_PER_UPLOAD_MB = 2
+FSIZE_PER_UPLOAD_MB = 3
 """MB of the largest file per MB of upload, when that is more than the worker's
-`fsize_mb`: a bfloat16 or float16 checkpoint's weights widened to float32 (an ONNX
-model's external data: 4.9 GB for a 2.47 GB bfloat16 Llama)."""
+`fsize_mb`: a bfloat16 or float16 checkpoint's weights widened to float32 in an ONNX
+model's external data, with a tied LM head's weight transposed beside its embedding for
+4-bit quantization (6.0 GB for a 2.47 GB bfloat16 Llama)."""
 
 
 def sized(
