@@ -156,8 +156,7 @@ def _blocks(source: Path, path: Path, block_size: int, accuracy_level: int, exte
         return quantizer.model
 
     model = onnx.load(str(source))  # its external weights too
-    _gemms_as_matmuls(model.graph)
-    _transposed_weights(model.graph)  # the ONNX target's own models have none left
+    _gemms_as_matmuls(model.graph)  # a MatMul by a transposed weight: `onnx.weights`
     if external:  # ONNX appends to an existing data file: start the quantized one afresh
         path.with_name(path.name + ".data").unlink()
     written = quantized(model)
@@ -200,48 +199,6 @@ def _gemms_as_matmuls(graph: Any) -> None:
             )
     del graph.node[:]
     graph.node.extend(rewritten)
-
-
-def _transposed_weights(graph: Any) -> int:
-    """Each `MatMul(A, Transpose(W))` of `graph`, W a 2-D initializer, as `MatMul(A, W')`
-    with W' the transposed weight: the exporter's constant folding leaves the transpose
-    of a weight over its size limit (a tied LM head's, 128256 x 2048), and
-    `MatMulNBitsQuantizer` quantizes MatMuls by an initializer only. W stays for its
-    other users (a tied embedding's Gather). Returns how many MatMuls now take one. The
-    ONNX target writes a model it quantizes so already (`onnx.weights.transposed`),
-    streaming each transposed weight as it is saved, where this copy would sit beside
-    the whole float model in memory."""
-    from onnx import numpy_helper
-
-    weights = {tensor.name: tensor for tensor in graph.initializer}
-    producers = {output: node for node in graph.node for output in node.output}
-    users: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            users[name] = users.get(name, 0) + 1
-    unused, changed = [], 0
-    for node in graph.node:
-        transpose = producers.get(node.input[1]) if node.op_type == "MatMul" else None
-        if transpose is None or transpose.op_type != "Transpose":
-            continue
-        weight = weights.get(transpose.input[0])
-        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
-        if weight is None or len(weight.dims) != 2 or perm not in ([], [[1, 0]]):
-            continue
-        name = f"{weight.name}_transposed"
-        if name not in weights:
-            array = numpy_helper.to_array(weight).T.copy()
-            weights[name] = numpy_helper.from_array(array, name)
-            del array
-            graph.initializer.append(weights[name])
-        users[node.input[1]] -= 1
-        node.input[1] = name
-        changed += 1
-        if users[transpose.output[0]] == 0:
-            unused.append(transpose)
-    for transpose in unused:
-        graph.node.remove(transpose)
-    return changed
 
 
 def _accurate(

@@ -158,15 +158,19 @@ def test_a_tied_lm_heads_transposed_weight_is_quantized_its_embedding_kept(
     tmp_path: Path,
 ) -> None:
     """The exporter leaves `Transpose(W)` unfolded for a weight over its folding limit (a
-    tied LM head's): the MatMul by it is quantized from the transposed weight, and the
-    embedding's Gather keeps W."""
+    tied LM head's): the target writes the transposed weight (`onnx.weights`), the
+    MatMul by it is quantized, and the embedding's Gather keeps W."""
     import numpy as np
+    import onnx_ir as ir
 
     from engine.quantization.onnx_runtime import _blocks
+    from engine.targets.onnx import weights
 
     tied, weight = _tied_head()
+    model = ir.from_proto(tied)
+    weights.transposed(model)
     source, path = tmp_path / "float.onnx", tmp_path / "model.onnx"
-    onnx.save(tied, source)
+    ir.save(model, source)
     _blocks(source, path, block_size=32, accuracy_level=1, external=False)
     written = onnx.load(str(path))
     kinds = [node.op_type for node in written.graph.node]
