@@ -246,6 +246,32 @@ def test_a_reduced_precision_model_is_widened_to_float32_in_onnx(
     assert elem_types == {onnx.TensorProto.FLOAT}
 
 
+def test_a_widened_artifact_worse_than_eager_is_not_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32 reference judges a widened artifact as it judges a bfloat16 program:
+    5% off on every output is far beyond eager's own bfloat16 error, so it fails."""
+    needs("onnx")
+    real_load = onnx_target.load
+
+    def five_percent_off(path: Path, program: torch.export.ExportedProgram, **names: Any) -> Any:
+        runner = real_load(path, program, **names)
+        return lambda args, kwargs: [out * 1.05 for out in runner(args, kwargs)]
+
+    monkeypatch.setattr(onnx_target, "load", five_percent_off)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(), torch.nn.Linear(64, 4))
+    case = export(model.to(torch.bfloat16), (torch.randn(2, 8, dtype=torch.bfloat16),))
+    result = run("onnx", case, tmp_path, targets=["onnx"])
+    assert result.status == "failed"
+    assert result.error is not None and result.error.code == "target_failed"
+    assert result.verification is not None and result.verification.passed is False
+    check = result.verification.samples[0].outputs[0]
+    assert check.dtype == "bfloat16" and check.passed is False
+    assert check.precision is not None and check.precision.passed is False
+    assert check.precision.exported_error > 2 * check.precision.eager_error
+
+
 def test_an_op_onnx_cannot_translate_is_target_failed(tmp_path: Path) -> None:
     needs("onnx")
     case = export(WithCustomOp(), (torch.randn(4),))
