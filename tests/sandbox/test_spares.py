@@ -124,6 +124,8 @@ def test_work_never_waits_for_a_spare_still_warming(spare_arena: Arena) -> None:
 
 
 SLEEPER = """
+import os
+import tempfile
 import time
 import torch
 eager = []
@@ -135,11 +137,33 @@ class Sleeper(torch.nn.Module):
         if not torch.compiler.is_exporting():
             eager.append(1)
             if len(eager) > 1:  # verifying, after decomposing forked the successor
-                time.sleep(3)
+                # holds the marker open until the test writes to it (at most 60 s)
+                with tempfile.NamedTemporaryFile(prefix="sleeper-marker-") as marker:
+                    deadline = time.monotonic() + 60
+                    while os.fstat(marker.fileno()).st_size == 0:
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.05)
         return self.linear(x)
 model = Sleeper()
 example_args = (torch.randn(2, 4),)
 """
+
+
+def _release_sleeper(deadline: float) -> bool:
+    """Write to the marker the sleeping job holds open (through /proc: the job's own
+    tmp); False when no job process held one before the deadline."""
+    while time.monotonic() < deadline:
+        for pid in job_processes():
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    link = f"/proc/{pid}/fd/{fd}"
+                    if "sleeper-marker-" in os.readlink(link):
+                        with open(link, "ab") as marker:
+                            marker.write(b"go")
+                        return True
+        time.sleep(0.05)
+    return False
 
 
 def test_a_spare_made_beside_a_job_holds_none_of_its_descriptors(
@@ -166,7 +190,8 @@ def test_a_spare_made_beside_a_job_holds_none_of_its_descriptors(
             int(fd): os.readlink(f"/proc/{successor}/fd/{fd}")
             for fd in os.listdir(f"/proc/{successor}/fd")
         }
-        assert job.is_alive()  # the job (its verification sleeps 3 s) still holds its pipes
+        # the job, verifying, still holds its pipes: it waits for the test's word
+        assert _release_sleeper(time.monotonic() + 60)
     finally:
         job.join()
     beyond = {fd: target for fd, target in held.items() if fd > 2}
