@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from engine.quantization.accuracy import CHECKED_SAMPLES
+from engine.quantization.onnx_embedding import share_tied_embeddings
 
 __all__ = ["ACCURACY_LEVELS", "DYNAMIC", "ONLY_LINEAR", "NothingQuantized", "quantize"]
 
@@ -162,6 +163,7 @@ def _blocks(source: Path, path: Path, block_size: int, accuracy_level: int, exte
     written = quantized(model)
     if not any(node.op_type == "MatMulNBits" for node in written.model.graph.node):
         raise NothingQuantized()
+    share_tied_embeddings(written.model.graph, block_size)  # one 4-bit table, not two
     written.save_model_to_file(str(path), use_external_data_format=external)
 
 

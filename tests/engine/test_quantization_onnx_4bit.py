@@ -134,12 +134,13 @@ def test_a_generation_ready_llamas_4bit_onnx_compares_greedy_tokens(tmp_path: Pa
     assert_tokens_matched_from_the_first(entry, report.generation.check)
 
 
-def _tied_head() -> tuple[Any, Any]:
-    """A model whose embedding's weight W is also its LM head's, as `Transpose(W)`."""
+def _tied_head(hidden: int = 64) -> tuple[Any, Any]:
+    """A model whose embedding's weight W is also its LM head's, as `Transpose(W)`; it
+    returns the embedded rows too."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    weight = np.random.default_rng(0).standard_normal((96, 64)).astype(np.float32)
+    weight = np.random.default_rng(0).standard_normal((96, hidden)).astype(np.float32)
     graph = helper.make_graph(
         [
             helper.make_node("Gather", ["W", "ids"], ["embedded"]),
@@ -148,42 +149,81 @@ def _tied_head() -> tuple[Any, Any]:
         ],
         "tied",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 96])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 96]),
+            helper.make_tensor_value_info("embedded", TensorProto.FLOAT, [1, 4, hidden]),
+        ],
         [numpy_helper.from_array(weight, "W")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weight
 
 
-def test_a_tied_lm_heads_transposed_weight_is_quantized_its_embedding_kept(
-    tmp_path: Path,
-) -> None:
-    """The exporter leaves `Transpose(W)` unfolded for a weight over its folding limit (a
-    tied LM head's): the target writes the transposed weight (`onnx.weights`), the
-    MatMul by it is quantized, and the embedding's Gather keeps W."""
-    import numpy as np
+def _quantized_tied(tmp_path: Path, hidden: int) -> tuple[Any, Any, Path]:
+    """`_tied_head` written as the target writes it and quantized to 4 bits, blocks of 32."""
     import onnx_ir as ir
 
     from engine.quantization.onnx_runtime import _blocks
     from engine.targets.onnx import weights
 
-    tied, weight = _tied_head()
+    tied, weight = _tied_head(hidden)
     model = ir.from_proto(tied)
     weights.transposed(model)
     source, path = tmp_path / "float.onnx", tmp_path / "model.onnx"
     ir.save(model, source)
     _blocks(source, path, block_size=32, accuracy_level=1, external=False)
-    written = onnx.load(str(path))
-    kinds = [node.op_type for node in written.graph.node]
-    assert kinds == ["Gather", "MatMulNBits"]
-    assert written.graph.node[0].input[0] == "W"  # the embedding stays float
+    return onnx.load(str(path)), weight, path
 
+
+def _cosine(got: Any, want: Any) -> float:
+    import numpy as np
+
+    return float(got.ravel() @ want.ravel() / (np.linalg.norm(got) * np.linalg.norm(want)))
+
+
+def test_a_tied_lm_heads_weight_is_quantized_and_its_embedding_reads_the_same_blocks(
+    tmp_path: Path,
+) -> None:
+    """The exporter leaves `Transpose(W)` unfolded for a weight over its folding limit (a
+    tied LM head's): the target writes the transposed weight (`onnx.weights`), the
+    MatMul by it is quantized, and the embedding's Gather becomes `GatherBlockQuantized`
+    on the head's 4-bit blocks (`onnx_embedding`): W leaves the model, as the builder's
+    tied int4 models hold one table."""
+    import numpy as np
     import onnxruntime
+    from onnx import numpy_helper
+
+    written, weight, path = _quantized_tied(tmp_path, hidden=64)
+    kinds = [node.op_type for node in written.graph.node]
+    assert kinds == ["Reshape", "GatherBlockQuantized", "MatMulNBits"]
+    stored = {tensor.name: numpy_helper.to_array(tensor) for tensor in written.graph.initializer}
+    assert "W" not in stored and not any(
+        a.dtype == np.float32 and a.size == weight.size for a in stored.values()
+    )
 
     ids = np.array([[1, 5, 7, 90]], dtype=np.int64)
-    got = onnxruntime.InferenceSession(str(path)).run(None, {"ids": ids})[0]
-    want = (weight[ids] @ weight.T).ravel()
-    cosine = float(got.ravel() @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
-    assert cosine > 0.98  # 4-bit noise; the weight untransposed would give ~0
+    logits, embedded = onnxruntime.InferenceSession(str(path)).run(None, {"ids": ids})
+    # the gathered rows are exactly the head's dequantized rows: one table, read twice
+    blocks, scales = stored["W_transposed_Q4"], stored["W_transposed_scales"]
+    nibbles = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(96, 64).astype(np.float32)
+    rows = (nibbles - 8) * np.repeat(scales, 32, axis=1)
+    np.testing.assert_allclose(embedded[0], rows[ids[0]], rtol=0, atol=1e-6)
+    assert _cosine(embedded, weight[ids]) > 0.98  # 4-bit noise
+    assert _cosine(logits, weight[ids] @ weight.T) > 0.98  # untransposed would give ~0
+
+
+def test_a_tied_table_whose_rows_the_blocks_do_not_divide_stays_float(tmp_path: Path) -> None:
+    """A hidden size of 48 in blocks of 32: the head pads its rows, so the embedding keeps
+    its float Gather on W."""
+    import numpy as np
+    import onnxruntime
+
+    written, weight, path = _quantized_tied(tmp_path, hidden=48)
+    assert [node.op_type for node in written.graph.node] == ["Gather", "MatMulNBits"]
+    assert written.graph.node[0].input[0] == "W"
+    ids = np.array([[1, 5, 7, 90]], dtype=np.int64)
+    logits, embedded = onnxruntime.InferenceSession(str(path)).run(None, {"ids": ids})
+    np.testing.assert_array_equal(embedded, weight[ids])
+    assert _cosine(logits, weight[ids] @ weight.T) > 0.98
 
 
 def test_the_onnx_target_writes_a_tied_heads_weight_transposed(tmp_path: Path) -> None:
