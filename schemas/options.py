@@ -205,6 +205,14 @@ class ExecutorchOptions(StrictModel):
         "false: the recipe's attention over the whole cache in standard ops, which any "
         "ExecuTorch runtime with XNNPACK runs.",
     )
+    dtype: Literal["float32", "model"] = Field(
+        default="float32",
+        description="`float32`: a generation-ready LLM computing in bfloat16 or float16 is "
+        "lowered in float32, its weights widened (as optimum-executorch's default dtype "
+        "loads it), so its attention takes the custom ops (`custom_ops`) and XNNPACK's "
+        "float32 kernels; the `.pte` holds float32 weights and returns float32 logits. "
+        "`model`: lowered in the model's dtype, with the recipe's attention.",
+    )
 
 
 class ProfileOptions(StrictModel):

@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 from torch.export.graph_signature import OutputKind
 
-__all__ = ["WeightVersions", "fresh", "mutates_parameters", "sharing_weights"]
+__all__ = ["WeightVersions", "fresh", "mutates_parameters", "sharing_weights", "widened"]
 
 Module = TypeVar("Module", bound=torch.nn.Module)
 
@@ -29,6 +29,25 @@ Module = TypeVar("Module", bound=torch.nn.Module)
 def sharing_weights(module: Module) -> Module:
     """A deep copy of `module` whose parameters are `module`'s own tensors."""
     memo: dict[int, object] = {id(parameter): parameter for parameter in module.parameters()}
+    return copy.deepcopy(module, memo)
+
+
+def widened(module: Module) -> Module:
+    """A deep copy of `module` computing in float32: each bfloat16 or float16 parameter
+    and buffer is a float32 tensor of its own, made once however many modules and
+    attributes hold it (a tied LM head stays tied, a cache layer's tensor stays its
+    wrapper's buffer); float32 parameters stay `module`'s own tensors."""
+    reduced = (torch.bfloat16, torch.float16)
+    memo: dict[int, object] = {}
+    for parameter in module.parameters():
+        memo[id(parameter)] = (
+            torch.nn.Parameter(parameter.detach().float(), requires_grad=False)
+            if parameter.dtype in reduced
+            else parameter
+        )
+    for buffer in module.buffers():
+        if buffer.dtype in reduced:
+            memo[id(buffer)] = buffer.float()
     return copy.deepcopy(module, memo)
 
 

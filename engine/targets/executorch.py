@@ -83,7 +83,9 @@ def prepare(job: TargetJob) -> Conversion:
     started = time.perf_counter()
     if job.generation is not None and job.generation.encoder is None:
         if job.options.executorch.custom_ops:
-            source, settings["attention"] = _custom_attention(job)
+            source, settings["attention"], widened = _custom_attention(job)
+            if widened is not None:
+                settings["widened_from"] = widened
         else:
             settings["attention"] = "executorch.custom_ops is false"
     if source is None:
@@ -98,34 +100,47 @@ def prepare(job: TargetJob) -> Conversion:
     return Conversion(source, job.args, job.kwargs, settings)
 
 
-def _custom_attention(job: TargetJob) -> tuple[torch.export.ExportedProgram | None, str]:
+def _custom_attention(
+    job: TargetJob,
+) -> tuple[torch.export.ExportedProgram | None, str, str | None]:
     """A generation-ready LLM's program in ExecuTorch's custom-op form
-    (`executorch_attention`), and `ATTENTION`; else None and why it keeps the recipe's
-    attention."""
+    (`executorch_attention`), `ATTENTION`, and the dtype it was widened from (option
+    `executorch.dtype`: a bfloat16 or float16 model unquantized, lowered in float32);
+    else None, why it keeps the recipe's attention, and None."""
+    from engine.load import module_copies
     from engine.quantization import PT2E_SCHEMES
     from engine.verify.precision import reduced_model
 
     quantizing, wrapper = job.quantizing, job.pristine
     if quantizing is not None and quantizing.scheme in PT2E_SCHEMES:
-        return None, f"{quantizing.scheme} quantizes the recipe's program (PT2E)"
-    widened = quantizing is not None and quantizing.widens("executorch")
-    why = executorch_attention.unsuited(wrapper, not reduced_model(wrapper) or widened)
+        return None, f"{quantizing.scheme} quantizes the recipe's program (PT2E)", None
+    reduced = reduced_model(wrapper)
+    widening = reduced and quantizing is None and job.options.executorch.dtype == "float32"
+    widened = widening or (quantizing is not None and quantizing.widens("executorch"))
+    why = executorch_attention.unsuited(wrapper, not reduced or widened)
     if why is not None:
-        return None, why
+        return None, why, None
     assert job.generation is not None
+    dtype = next(str(p.dtype) for p in wrapper.parameters() if p.is_floating_point())
     try:
-        module = executorch_attention.form(wrapper)
+        source = module_copies.widened(wrapper) if widening else wrapper
+        module = executorch_attention.form(source)
+        del source
         if quantizing is not None:
             program = quantizing.form_program("executorch", module)
         else:
             program = executorch_attention.export(module, job.kwargs, job.generation.max_cache_len)
     except Exception as exc:  # the recipe's form is still there: a note, not a failure
-        return None, f"the custom-op form did not export ({type(exc).__name__}: {exc})"[:400]
+        return None, f"the custom-op form did not export ({type(exc).__name__}: {exc})"[:400], None
     layers = len(getattr(wrapper, "static_cache").layers)  # noqa: B009 (a Module attribute)
     found = executorch_attention.lowered_attention(program)
     if found != layers:
-        return None, f"{found} of {layers} layers' attention went through llama::custom_sdpa"
-    return program, executorch_attention.ATTENTION
+        return None, f"{found} of {layers} layers' attention went through llama::custom_sdpa", None
+    return (
+        program,
+        executorch_attention.ATTENTION,
+        dtype.removeprefix("torch.") if widening else None,
+    )
 
 
 def loading(settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
@@ -161,6 +176,7 @@ def convert(
     extra_methods: Mapping[str, torch.export.ExportedProgram] | None = None,
     attention: str | None = None,
     phases: dict[str, float] | None = None,
+    widened_from: str | None = None,
 ) -> Path:
     """Lower `program` to ExecuTorch with XNNPACK and write the `.pte` to `path`.
 
@@ -181,6 +197,8 @@ def convert(
             `program` is the custom-op form, else why not (`facts["attention"]`).
         phases: seconds spent before (`program`: making the program lowered here);
             `facts["phases_s"]` adds the lowering's own.
+        widened_from: the model's dtype when `program` computes it in float32
+            (`facts["widened_from"]`, option `executorch.dtype`).
 
     Returns:
         `path`.
@@ -207,6 +225,8 @@ def convert(
         facts["attention"] = "llama::custom_sdpa" if used else "recipe"
         if not used:
             facts["attention_reason"] = attention
+    if facts is not None and widened_from is not None:
+        facts["widened_from"] = widened_from
     try:
         _lower(programs, path, facts, constant_methods, dict(phases or {}))
     finally:  # failed or not: the lowered programs are not kept
@@ -404,6 +424,12 @@ def notes(facts: dict[str, Any]) -> list[str]:
         found[-1] += "; ExecuTorch's portable kernels run " + ", ".join(sorted(portable)) + "."
     else:
         found[-1] += "; no op is left to the portable kernels."
+    if facts.get("widened_from"):
+        found.append(
+            f"The model's {facts['widened_from']} weights and computation are float32 in "
+            "model.pte (option executorch.dtype); verified against eager as a "
+            "reduced-precision program is."
+        )
     if facts.get("attention") == "llama::custom_sdpa":
         found.append(
             "Attention runs ExecuTorch's LLM ops: llama::update_cache writes each step's keys "

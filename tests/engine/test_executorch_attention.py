@@ -159,3 +159,65 @@ def test_the_pte_refuses_a_position_outside_the_cache_before_it_writes(tmp_path:
     last = {"input_ids": torch.tensor([[1, 2]]), "cache_position": torch.tensor([size - 1, size])}
     with pytest.raises(RuntimeError, match="0x12"):
         run((), last)
+
+
+def bfloat16_llama(tmp_path: Path) -> Path:
+    """The tiny Llama of `llama`, saved in bfloat16."""
+    torch.manual_seed(0)
+    config = config_of("llama")
+    config.dtype = torch.bfloat16
+    directory = tmp_path / "llama-bf16"
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "model"])
+def test_a_bfloat16_llm_is_lowered_in_float32_with_the_ops_unless_asked_not_to(
+    tmp_path: Path, dtype: str
+) -> None:
+    """`executorch.dtype`: by default a bfloat16 LLM's `.pte` computes in float32 from
+    widened weights, as optimum-executorch loads it, and attends through the ops; with
+    `model` it keeps bfloat16 and the recipe's attention. Either is verified against the
+    bfloat16 eager model and generates its tokens."""
+    options: dict[str, Any] = {
+        **TEXT_GENERATION,
+        "targets": ["executorch"],
+        "profile": {"enabled": False},
+        "executorch": {"dtype": dtype},
+    }
+    archive = zip_directory(bfloat16_llama(tmp_path), tmp_path / "model.zip")
+    result = export(tmp_path, archive, options)
+    target = result.report.targets["executorch"]
+    assert target.status == "succeeded", target.error
+    assert target.verification is not None and target.verification.verdict == "verified"
+    if dtype == "float32":
+        assert target.details["attention"] == "llama::custom_sdpa"
+        assert target.details["widened_from"] == "bfloat16"
+        assert target.details["portable_ops"]["llama.custom_sdpa.default"] == 2
+    else:
+        assert target.details["attention"] == "recipe"
+        assert "reduced precision" in target.details["attention_reason"]
+        assert "widened_from" not in target.details
+    assert target.generation is not None and target.generation.matched
+    assert target.runtime_generation is not None and target.runtime_generation.passed
+
+
+def test_a_widened_copy_keeps_ties_and_caches_and_leaves_the_model_as_it_was() -> None:
+    from engine.load import module_copies
+
+    wrapper, _, _ = wrapper_of(dtype=torch.bfloat16, tie_word_embeddings=True)
+    wide = module_copies.widened(wrapper)
+    assert {p.dtype for p in wide.parameters()} == {torch.float32}
+    assert {p.dtype for p in wrapper.parameters()} == {torch.bfloat16}
+    model = wide.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # one float32 table
+    assert torch.equal(model.lm_head.weight, wrapper.model.lm_head.weight.float())
+    layer = wide.static_cache.layers[0]
+    assert layer.keys.dtype == torch.float32
+    assert any(buffer is layer.keys for buffer in wide.buffers())  # still the wrapper's
+    prompt = {"input_ids": torch.tensor([[3, 5, 7]]), "cache_position": torch.arange(3)}
+    with torch.no_grad():
+        got, want = wide(**prompt), wrapper(**prompt)
+    assert got.dtype == torch.float32
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.float().flatten(), 0) > 0.99
