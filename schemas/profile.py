@@ -60,12 +60,14 @@ class LatencyProfile(StrictModel):
     max_ms: float
     decode: list[DecodeLatency] = Field(
         default_factory=list,
-        description="For a generation-ready LLM's artifacts that keep the cache as program "
-        "state (eager, `program`, `aoti`, `executorch`): one-token decode steps timed at a "
-        "short and a long cache position (an eighth and seven eighths of `max_cache_len`, "
-        "the short one at most 64); the runs above are then the prefill of the example's "
-        "prompt, its time to first token. Empty otherwise (an ONNX model takes the cache as "
-        "inputs).",
+        description="For a generation-ready LLM's artifacts: one-token decode steps timed "
+        "at a short and a long cache position (an eighth and seven eighths of "
+        "`max_cache_len`, the short one at most 64); the runs above are then the prefill of "
+        "the example's prompt, its time to first token. Where the cache is program state "
+        "(eager, `program`, `aoti`, `executorch`) a step writes it at that position; an ONNX "
+        "model is fed a past of that many positions as inputs (ONNX Runtime's session "
+        "copies the past into its present each step, which ONNX Runtime GenAI's shared "
+        "buffer spares). Empty for other artifacts.",
     )
 
 

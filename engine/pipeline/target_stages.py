@@ -250,7 +250,8 @@ def profile_artifacts(
                 subjects.append(profiled[name])
         if loaded.generation is not None:  # decode steps too, where the cache is state
             length = loaded.generation.max_cache_len
-            subjects = [profiling.decoding(subject, length) for subject in subjects]
+            prompt = loaded.generation.prompt
+            subjects = [profiling.decoding(each, length, prompt) for each in subjects]
         elapsed = sum(stage.duration_s for stage in run.stages)
         run.sections["profile"] = profiling.profile(
             subjects,

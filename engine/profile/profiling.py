@@ -96,24 +96,60 @@ class Subject:
     positions a one-token decode step is timed at (`decoding`)."""
 
 
-def decoding(subject: Subject, max_cache_len: int) -> Subject:
+def decoding(subject: Subject, max_cache_len: int, prompt: torch.Tensor | None = None) -> Subject:
     """`subject` with one-token decode steps to time at a short and a long cache position
     (an eighth, at most 64, and seven eighths of `max_cache_len`), when it takes
-    `input_ids` and `cache_position` by name (a program with its cache as state)."""
-    if not {"input_ids", "cache_position"} <= set(subject.kwargs):
+    `input_ids` and `cache_position` by name (a program with its cache as state), or its
+    past as inputs (`input_ids`, `attention_mask`, `past_key_values`: an ONNX model); the
+    latter's timed runs become the prefill of `prompt` with an empty past."""
+    kwargs = subject.kwargs
+    state = {"input_ids", "cache_position"} <= set(kwargs)
+    past = prompt is not None and {"input_ids", "attention_mask", "past_key_values"} <= set(kwargs)
+    if not state and not past:
         return subject
     positions = sorted({min(64, max_cache_len // 8), max_cache_len - max_cache_len // 8})
     positions = [p for p in positions if 0 < p < max_cache_len]
-    return dataclasses.replace(subject, decode_positions=tuple(positions))
+    if past:
+        assert prompt is not None
+        kwargs = _with_past(kwargs, prompt, 0)
+    return dataclasses.replace(subject, kwargs=kwargs, decode_positions=tuple(positions))
 
 
 def _step(subject: Subject, position: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The inputs of one decode step at `position`: the example's first token there."""
+    """The inputs of one decode step at `position`: the example's first token there (for
+    a model taking its past as inputs, after a past of `position` zeros)."""
     args, kwargs = _copied(subject)
-    ids, at = kwargs["input_ids"], kwargs["cache_position"]
-    kwargs["input_ids"] = ids[..., :1].clone()
-    kwargs["cache_position"] = torch.tensor([position], dtype=at.dtype)
+    ids = kwargs["input_ids"][..., :1].clone()
+    if "cache_position" not in kwargs:
+        return args, _with_past(kwargs, ids, position)
+    kwargs["input_ids"] = ids
+    kwargs["cache_position"] = torch.tensor([position], dtype=kwargs["cache_position"].dtype)
     return args, kwargs
+
+
+def _with_past(kwargs: dict[str, Any], ids: torch.Tensor, past: int) -> dict[str, Any]:
+    """An ONNX past-form model's inputs (`generation.onnx_past`), in `kwargs`' order and
+    dtypes: `ids` after a past of `past` zeros."""
+    batch, new = ids.shape[0], ids.shape[-1]
+    made: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name == "input_ids":
+            made[name] = ids.to(value.dtype)
+        elif name == "attention_mask":
+            made[name] = torch.ones(batch, past + new, dtype=value.dtype)
+        elif name == "position_ids":
+            made[name] = torch.arange(past, past + new, dtype=value.dtype).repeat(batch, 1)
+        elif name == "past_key_values":
+            made[name] = [
+                tuple(
+                    torch.zeros(batch, each.shape[1], past, each.shape[3], dtype=each.dtype)
+                    for each in layer
+                )
+                for layer in value
+            ]
+        else:
+            made[name] = value
+    return made
 
 
 def wanted(options: ExportOptions) -> bool:

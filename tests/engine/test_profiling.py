@@ -243,6 +243,47 @@ def test_a_generation_ready_artifact_gets_decode_steps_at_a_short_and_a_long_pos
     assert prompts[0] == ((1, 16), list(range(16)))
     # a big cache: the short position stays at 64
     assert profiling.decoding(subject, 1024).decode_positions == (64, 896)
-    # an artifact taking the cache as inputs (ONNX's) gets none
+    # an artifact taking neither cache_position nor its past gets none
     other = profiling.eager_subject(model, (), {"input_ids": prompt["input_ids"]})
     assert profiling.decoding(other, 64).decode_positions == ()
+
+
+class WithPast(torch.nn.Module):
+    """A model taking its past as inputs, as a generation-ready ONNX model does
+    (`generation.onnx_past`): records each call's token count, mask, positions and past
+    lengths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int, tuple[int, ...], frozenset[int]]] = []
+
+    def forward(self, **feed: Any) -> torch.Tensor:
+        past = [tensor for layer in feed["past_key_values"] for tensor in layer]
+        assert {tensor.shape[:2] + tensor.shape[3:] for tensor in past} == {(1, 2, 8)}
+        ids, mask, positions = feed["input_ids"], feed["attention_mask"], feed["position_ids"]
+        assert mask.dtype == torch.long
+        lengths = frozenset(tensor.shape[2] for tensor in past)
+        self.seen.append((ids.shape[1], mask.shape[1], tuple(positions[0].tolist()), lengths))
+        return ids.float()
+
+
+def test_a_model_taking_its_past_as_inputs_gets_a_prefill_and_decode_steps() -> None:
+    """An ONNX LLM's profile: the timed runs are the prompt's prefill with an empty past,
+    the decode steps one token after a past of that many positions."""
+    model = WithPast()
+    past = [(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)) for _ in range(2)]
+    example = {
+        "input_ids": torch.tensor([[5, 6]]),
+        "attention_mask": torch.ones(1, 5, dtype=torch.long),
+        "position_ids": torch.tensor([[3, 4]]),
+        "past_key_values": past,
+    }
+    subject = profiling.eager_subject(model, (), example)
+    assert profiling.decoding(subject, 64).decode_positions == ()  # no prompt given
+    subject = profiling.decoding(subject, 64, torch.arange(1, 17)[None])
+    assert subject.decode_positions == (8, 56)
+    profiling.profile([subject], ProfileOptions(runs=2, warmup=1), budget_s=10)
+    prefills = {seen for seen in model.seen if seen[0] == 16}
+    assert prefills == {(16, 16, tuple(range(16)), frozenset({0}))}
+    steps = {(seen[1], seen[2][0], seen[3]) for seen in model.seen if seen[0] == 1}
+    assert steps == {(9, 8, frozenset({8})), (57, 56, frozenset({56}))}
