@@ -21,6 +21,8 @@ from typing import TypeVar
 import torch
 from torch.export.graph_signature import OutputKind
 
+from engine.load import pages
+
 __all__ = ["WeightVersions", "fresh", "mutates_parameters", "sharing_weights", "widened"]
 
 Module = TypeVar("Module", bound=torch.nn.Module)
@@ -36,15 +38,17 @@ def widened(module: Module) -> Module:
     """A deep copy of `module` computing in float32: each bfloat16 or float16 parameter
     and buffer is a float32 tensor of its own, made once however many modules and
     attributes hold it (a tied LM head stays tied, a cache layer's tensor stays its
-    wrapper's buffer); float32 parameters stay `module`'s own tensors."""
+    wrapper's buffer); float32 parameters stay `module`'s own tensors. A reduced weight
+    mapped from the checkpoint gives its pages back once widened (`pages.release`: read
+    again if `module` runs again), so the two copies are not both resident."""
     reduced = (torch.bfloat16, torch.float16)
     memo: dict[int, object] = {}
     for parameter in module.parameters():
-        memo[id(parameter)] = (
-            torch.nn.Parameter(parameter.detach().float(), requires_grad=False)
-            if parameter.dtype in reduced
-            else parameter
-        )
+        if parameter.dtype not in reduced:
+            memo[id(parameter)] = parameter
+            continue
+        memo[id(parameter)] = torch.nn.Parameter(parameter.detach().float(), requires_grad=False)
+        pages.release(parameter)
     for buffer in module.buffers():
         if buffer.dtype in reduced:
             memo[id(buffer)] = buffer.float()

@@ -64,8 +64,11 @@ def test_a_job_without_memory_mb_is_sized_from_its_uploads() -> None:
     _, capped = sized(ExportOptions(), 20 << 30, settings)
     assert capped.disk_mb == 32768
     # what the job asked for stays, within the worker's cap (job_limits)
-    converting, _ = sized(ExportOptions(targets=["onnx", "executorch"]), 1 << 30, settings)
+    converting, _ = sized(ExportOptions(targets=["onnx", "aoti"]), 1 << 30, settings)
     assert converting.memory_mb == (2 + 2 * 2) * 1024 + 4096  # two more MB per MB per target
+    # four for executorch: its float32 lowering holds the weights and XNNPACK's copy
+    lowering, _ = sized(ExportOptions(targets=["onnx", "executorch"]), 1 << 30, settings)
+    assert lowering.memory_mb == (2 + 2 + 4) * 1024 + 4096
     own, _ = sized(ExportOptions(memory_mb=1024), 3 << 30, settings)
     assert own.memory_mb == 1024
     limits, _, memory_mb = job_limits(big, settings, baseline_mb=0)

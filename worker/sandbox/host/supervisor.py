@@ -49,6 +49,10 @@ MEMORY_PER_UPLOAD_MB_PER_TARGET = 2
 ExecuTorch `8da4w` conversion of a 2.47 GB bfloat16 Llama peaked 6.6 GB above its job's
 verification; its ONNX `8da4w` conversion 11.0 GB in all, ONNX Runtime's quantizer
 holding the float32 model, over twice the checkpoint)."""
+MEMORY_PER_UPLOAD_MB_EXECUTORCH = 4
+"""Per `executorch` target instead: its float32 lowering of a 2.47 GB bfloat16 Llama
+(widened, option `executorch.dtype`) peaked at 16,017 MB, the float32 weights and XNNPACK's
+serialized copy of them held together (optimum-executorch's own lowering: 16,394 MB)."""
 MEMORY_BASE_MB = 4096
 DISK_PER_UPLOAD_MB = 4
 """MB of disk per MB of upload, when that is more than the worker's `disk_mb`: the
@@ -66,14 +70,20 @@ def sized(
 ) -> tuple[ExportOptions, SandboxSettings]:
     """The job's options and the worker's settings for it, sized from its uploads'
     bytes: `memory_mb` when the options set none (`MEMORY_PER_UPLOAD_MB` per MB of
-    upload, `MEMORY_PER_UPLOAD_MB_PER_TARGET` more per target, plus `MEMORY_BASE_MB`; at
+    upload, `MEMORY_PER_UPLOAD_MB_PER_TARGET` more per target (`executorch`:
+    `MEMORY_PER_UPLOAD_MB_EXECUTORCH`), plus `MEMORY_BASE_MB`; at
     least `DEFAULT_MEMORY_MB`, at most the worker's `max_memory_mb`), and the disk quota
     and largest file likewise (`DISK_PER_UPLOAD_MB`, at most `max_disk_mb`). The one
     place a job's limits are sized. The largest file grows with the disk quota, and is at
     least `FSIZE_PER_UPLOAD_MB` per MB of upload within it."""
     upload_mb = -(-upload_bytes // (1 << 20))
     if options.memory_mb is None:
-        per_mb = MEMORY_PER_UPLOAD_MB + MEMORY_PER_UPLOAD_MB_PER_TARGET * len(options.targets)
+        per_mb = MEMORY_PER_UPLOAD_MB + sum(
+            MEMORY_PER_UPLOAD_MB_EXECUTORCH
+            if target == "executorch"
+            else MEMORY_PER_UPLOAD_MB_PER_TARGET
+            for target in options.targets
+        )
         wanted = max(DEFAULT_MEMORY_MB, per_mb * upload_mb + MEMORY_BASE_MB)
         options = options.model_copy(
             update={"memory_mb": min(wanted, max(settings.max_memory_mb, 256))}
