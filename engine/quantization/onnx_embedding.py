@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["share_tied_embeddings"]
+__all__ = ["TRANSPOSED", "share_tied_embeddings"]
 
 TRANSPOSED = "_transposed"
-"""The suffix `onnx.weights.transposed` names a transposed copy of a weight with."""
+"""The suffix `onnx.weights.transposed` names a transposed copy of a weight with, by which
+a tied head's `MatMulNBits` is found from its embedding's table."""
 
 
 def share_tied_embeddings(graph: Any, block_size: int) -> list[str]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.quantization.onnx_embedding import TRANSPOSED
+
 __all__ = ["transposed"]
 
 
@@ -32,7 +34,7 @@ def transposed(model: Any) -> int:
         if perm is not None and list(perm.value) != [1, 0]:
             continue
         rows, columns = tensor.shape
-        name = f"{source.name}_transposed"
+        name = f"{source.name}{TRANSPOSED}"  # how the quantizer finds its tied table
         value = ir.Value(
             name=name,
             shape=ir.Shape([columns, rows]),
